@@ -1,0 +1,28 @@
+"""URL map: the admin site, the v1 REST API with its schema and docs, and the health check."""
+
+from django.contrib import admin
+from django.db import connection
+from django.http import JsonResponse
+from django.urls import include, path
+from django.views.decorators.cache import never_cache
+from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
+
+
+@never_cache
+def healthz(request):
+    """Liveness and database reachability for load balancers; needs no login."""
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT 1")
+    except Exception as exc:  # noqa: BLE001 - any database failure means unhealthy
+        return JsonResponse({"status": "error", "database": str(exc)}, status=503)
+    return JsonResponse({"status": "ok"})
+
+
+urlpatterns = [
+    path("admin/", admin.site.urls),
+    path("api/v1/", include("fleet.api.urls")),
+    path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
+    path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="swagger-ui"),
+    path("healthz", healthz, name="healthz"),
+]

@@ -1,0 +1,36 @@
+"""Fixtures shared by every app's tests."""
+
+import pytest
+from rest_framework.test import APIClient
+
+from fleet.tests.factories import ArtistFactory, UserFactory
+
+
+@pytest.fixture
+def admin_user(db):
+    return UserFactory(username="admin", is_staff=True, is_superuser=True)
+
+
+@pytest.fixture
+def artist(db):
+    return ArtistFactory(user=UserFactory(username="ana"), name="Ana Artist")
+
+
+@pytest.fixture
+def api():
+    """An API client with nobody logged in."""
+    return APIClient()
+
+
+@pytest.fixture
+def admin_api(admin_user):
+    client = APIClient()
+    client.force_authenticate(admin_user)
+    return client
+
+
+@pytest.fixture
+def artist_api(artist):
+    client = APIClient()
+    client.force_authenticate(artist.user)
+    return client

@@ -1,0 +1,5 @@
+from rest_framework.routers import DefaultRouter
+
+router = DefaultRouter()
+
+urlpatterns = router.urls

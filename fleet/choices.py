@@ -1,0 +1,50 @@
+"""Enumerations of the fleet inventory, shared by models, API and forms."""
+
+from django.db import models
+
+
+class Series(models.TextChoices):
+    """vGPU profile series; the licence a VM needs follows from it."""
+
+    Q = "Q", "Q: virtual workstation (vWS)"
+    B = "B", "B: virtual PC (vPC)"
+    A = "A", "A: app streaming (vApps)"
+    C = "C", "C: compute (AI Enterprise)"
+
+
+class GpuMode(models.TextChoices):
+    VGPU = "vgpu", "vGPU (shared)"
+    PASSTHROUGH = "passthrough", "Passthrough (whole GPU to one VM)"
+
+
+class SizeMode(models.TextChoices):
+    EQUAL = "equal", "Equal-size"
+    MIXED = "mixed", "Mixed-size"
+
+
+class Hypervisor(models.TextChoices):
+    KVM = "kvm", "Linux KVM"
+    ESXI = "esxi", "VMware vSphere ESXi"
+    XENSERVER = "xenserver", "Citrix XenServer"
+    NUTANIX = "nutanix", "Nutanix AHV"
+    HYPERV = "hyperv", "Microsoft Hyper-V"
+    OTHER = "other", "Other"
+
+
+class Workflow(models.TextChoices):
+    MODELING = "modeling", "Modeling"
+    TEXTURING = "texturing", "Texturing"
+    SHADING = "shading", "Shading"
+    ANIMATION = "animation", "Animation"
+    LIGHTING = "lighting", "Lighting"
+    RENDERING = "rendering", "Rendering"
+    LAYOUT = "layout", "Layout"
+    FX = "fx", "FX"
+    COMPOSITING = "compositing", "Compositing"
+    OTHER = "other", "Other"
+
+
+class UserType(models.TextChoices):
+    LIGHT = "light", "Light"
+    MEDIUM = "medium", "Medium"
+    HEAVY = "heavy", "Heavy"

@@ -1,0 +1,234 @@
+"""Fleet inventory: GPU models and their vGPU profiles, hosts, GPUs, artists, VMs and vGPUs.
+
+Whether a vGPU fits is not decided here but in `fleet.placement`; these models only keep
+one row's invariants (database constraints) and turn rows into the placement dataclasses.
+"""
+
+import uuid
+
+from django.conf import settings
+from django.core.validators import MaxValueValidator, MinValueValidator
+from django.db import models
+from django.db.models import Q
+
+from fleet import placement
+from fleet.choices import GpuMode, Hypervisor, Series, SizeMode, UserType, Workflow
+
+
+class GpuModel(models.Model):
+    """A physical GPU model (board) as NVIDIA's vGPU tables describe it.
+
+    `name` is the product name nvidia-smi reports (e.g. "Quadro RTX 6000"), so discovered GPUs
+    map to it; `code` is the board prefix of its profile names (e.g. "RTX6000").
+    """
+
+    name = models.CharField(max_length=100, unique=True)
+    code = models.CharField(max_length=40, unique=True)
+    fb_mib = models.PositiveIntegerField(help_text="Frame buffer of one GPU, MiB")
+    gpus_per_board = models.PositiveSmallIntegerField(default=1)
+    mixed_size_capable = models.BooleanField(default=False)
+    multi_vgpu_full_only = models.BooleanField(
+        default=False,
+        help_text="A VM with several vGPUs may only combine full-GPU profiles (Turing boards)",
+    )
+
+    class Meta:
+        ordering = ["name"]
+        constraints = [
+            models.CheckConstraint(condition=Q(fb_mib__gt=0), name="gpumodel_fb_positive"),
+            models.CheckConstraint(condition=Q(gpus_per_board__gte=1), name="gpumodel_gpus_per_board_min_1"),
+        ]
+
+    def __str__(self):
+        return self.name
+
+    def to_spec(self) -> placement.GpuModelSpec:
+        return placement.GpuModelSpec(
+            name=self.name, fb_mib=self.fb_mib,
+            mixed_size_capable=self.mixed_size_capable,
+            multi_vgpu_full_only=self.multi_vgpu_full_only,
+        )
+
+
+class VgpuProfile(models.Model):
+    """A vGPU type of one GPU model (e.g. RTX6000-12Q) and how many fit on one GPU."""
+
+    name = models.CharField(max_length=60, unique=True)
+    gpu_model = models.ForeignKey(GpuModel, on_delete=models.PROTECT, related_name="profiles")
+    series = models.CharField(max_length=1, choices=Series.choices)
+    fb_mib = models.PositiveIntegerField(help_text="Frame buffer of one vGPU, MiB")
+    max_per_gpu = models.PositiveSmallIntegerField(help_text="Maximum per GPU in equal-size mode")
+    max_per_gpu_mixed = models.PositiveSmallIntegerField(
+        null=True, blank=True, help_text="Maximum per GPU in mixed-size mode; empty where not offered",
+    )
+    max_per_vm = models.PositiveSmallIntegerField(
+        default=placement.MAX_VGPUS_PER_VM,
+        validators=[MinValueValidator(1), MaxValueValidator(placement.MAX_VGPUS_PER_VM)],
+        help_text="How many vGPUs of this series one VM may hold (multi-vGPU is vWS and compute only)",
+    )
+
+    class Meta:
+        ordering = ["gpu_model__name", "-fb_mib", "series"]
+        constraints = [
+            models.CheckConstraint(condition=Q(fb_mib__gt=0), name="vgpuprofile_fb_positive"),
+            models.CheckConstraint(condition=Q(max_per_gpu__gte=1), name="vgpuprofile_max_per_gpu_min_1"),
+            models.CheckConstraint(
+                condition=Q(max_per_vm__gte=1) & Q(max_per_vm__lte=placement.MAX_VGPUS_PER_VM),
+                name="vgpuprofile_max_per_vm_range",
+            ),
+        ]
+        indexes = [models.Index(fields=["gpu_model", "fb_mib"], name="vgpuprofile_model_fb_idx")]
+
+    def __str__(self):
+        return self.name
+
+    @property
+    def is_full_gpu(self) -> bool:
+        return self.fb_mib >= self.gpu_model.fb_mib
+
+    def to_spec(self) -> placement.ProfileSpec:
+        return placement.ProfileSpec(
+            id=self.pk, name=self.name, gpu_model=self.gpu_model.name, series=self.series,
+            fb_mib=self.fb_mib, max_per_gpu=self.max_per_gpu,
+            max_per_gpu_mixed=self.max_per_gpu_mixed, max_per_vm=self.max_per_vm,
+        )
+
+
+def default_vcpu_overcommit() -> float:
+    return settings.FLEET_DEFAULT_VCPU_OVERCOMMIT
+
+
+def default_ram_overcommit() -> float:
+    return settings.FLEET_DEFAULT_RAM_OVERCOMMIT
+
+
+class Host(models.Model):
+    """A GPU server running a hypervisor; its CPU threads and RAM bound the VMs it can run."""
+
+    name = models.CharField(max_length=100, unique=True)
+    hypervisor = models.CharField(max_length=20, choices=Hypervisor.choices, default=Hypervisor.KVM)
+    cpu_model = models.CharField(max_length=100, blank=True)
+    cpu_threads = models.PositiveIntegerField(help_text="Hardware threads available to VMs")
+    ram_gib = models.PositiveIntegerField(help_text="RAM available to VMs, GiB")
+    vcpu_overcommit = models.FloatField(
+        default=default_vcpu_overcommit, validators=[MinValueValidator(0.1), MaxValueValidator(16)],
+        help_text="vCPUs the VMs may claim per hardware thread",
+    )
+    ram_overcommit = models.FloatField(
+        default=default_ram_overcommit, validators=[MinValueValidator(0.1), MaxValueValidator(4)],
+        help_text="RAM the VMs may claim per GiB installed",
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["name"]
+        constraints = [
+            models.CheckConstraint(condition=Q(cpu_threads__gte=1), name="host_cpu_threads_min_1"),
+            models.CheckConstraint(condition=Q(ram_gib__gte=1), name="host_ram_min_1"),
+            models.CheckConstraint(condition=Q(vcpu_overcommit__gt=0), name="host_vcpu_overcommit_positive"),
+            models.CheckConstraint(condition=Q(ram_overcommit__gt=0), name="host_ram_overcommit_positive"),
+        ]
+
+    def __str__(self):
+        return self.name
+
+
+class Gpu(models.Model):
+    """One physical GPU in a host (an A16 board shows up as four of these)."""
+
+    host = models.ForeignKey(Host, on_delete=models.PROTECT, related_name="gpus")
+    gpu_model = models.ForeignKey(GpuModel, on_delete=models.PROTECT, related_name="gpus")
+    uuid = models.CharField(max_length=80, blank=True, help_text="GPU UUID as NVML reports it (GPU-...)")
+    pci_bus_id = models.CharField(max_length=32, help_text="e.g. 00000000:3B:00.0")
+    mode = models.CharField(max_length=12, choices=GpuMode.choices, default=GpuMode.VGPU)
+    size_mode = models.CharField(max_length=8, choices=SizeMode.choices, default=SizeMode.EQUAL)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["host__name", "pci_bus_id"]
+        constraints = [
+            models.UniqueConstraint(fields=["host", "pci_bus_id"], name="gpu_unique_host_pci_bus_id"),
+            models.UniqueConstraint(fields=["uuid"], condition=~Q(uuid=""), name="gpu_unique_uuid"),
+            models.CheckConstraint(
+                condition=Q(mode__in=GpuMode.values), name="gpu_mode_valid",
+            ),
+            models.CheckConstraint(
+                condition=Q(size_mode__in=SizeMode.values), name="gpu_size_mode_valid",
+            ),
+        ]
+
+    def __str__(self):
+        return f"{self.host.name} {self.pci_bus_id} ({self.gpu_model.name})"
+
+    @property
+    def label(self) -> str:
+        return self.pci_bus_id
+
+
+class Artist(models.Model):
+    """A person who works on virtual workstations; their workflow and load class drive sizing."""
+
+    user = models.OneToOneField(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="artist",
+    )
+    name = models.CharField(max_length=120)
+    workflow = models.CharField(max_length=20, choices=Workflow.choices, default=Workflow.OTHER)
+    user_type = models.CharField(max_length=10, choices=UserType.choices, default=UserType.MEDIUM)
+
+    class Meta:
+        ordering = ["name"]
+        constraints = [
+            models.CheckConstraint(condition=Q(workflow__in=Workflow.values), name="artist_workflow_valid"),
+            models.CheckConstraint(condition=Q(user_type__in=UserType.values), name="artist_user_type_valid"),
+        ]
+
+    def __str__(self):
+        return self.name
+
+
+class VirtualMachine(models.Model):
+    """A virtual workstation. It runs on the host of its vGPUs; `host` is set by placement."""
+
+    name = models.CharField(max_length=100, unique=True)
+    uuid = models.UUIDField(default=uuid.uuid4, unique=True, help_text="The hypervisor's VM UUID")
+    artist = models.ForeignKey(Artist, null=True, blank=True, on_delete=models.SET_NULL, related_name="vms")
+    host = models.ForeignKey(Host, null=True, blank=True, on_delete=models.PROTECT, related_name="vms")
+    vcpus = models.PositiveIntegerField(default=8)
+    ram_gib = models.PositiveIntegerField(default=32)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["name"]
+        verbose_name = "virtual machine"
+        constraints = [
+            models.CheckConstraint(condition=Q(vcpus__gte=1), name="vm_vcpus_min_1"),
+            models.CheckConstraint(condition=Q(ram_gib__gte=1), name="vm_ram_min_1"),
+        ]
+        indexes = [models.Index(fields=["host", "name"], name="vm_host_name_idx")]
+
+    def __str__(self):
+        return self.name
+
+
+class Vgpu(models.Model):
+    """One vGPU of a VM, of one profile, on one physical GPU. Created only through placement."""
+
+    vm = models.ForeignKey(VirtualMachine, on_delete=models.CASCADE, related_name="vgpus")
+    gpu = models.ForeignKey(Gpu, on_delete=models.PROTECT, related_name="vgpus")
+    profile = models.ForeignKey(VgpuProfile, on_delete=models.PROTECT, related_name="vgpus")
+    placement_id = models.PositiveSmallIntegerField(
+        help_text="Slot on the GPU: index in equal-size mode, aligned grid offset in mixed-size mode",
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["gpu_id", "placement_id"]
+        verbose_name = "vGPU"
+        constraints = [
+            # Backstop of the placement rules: two vGPUs never take one slot of a GPU.
+            models.UniqueConstraint(fields=["gpu", "placement_id"], name="vgpu_unique_gpu_slot"),
+        ]
+        indexes = [models.Index(fields=["vm"], name="vgpu_vm_idx")]
+
+    def __str__(self):
+        return f"{self.profile.name} for {self.vm.name}"

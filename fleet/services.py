@@ -1,0 +1,167 @@
+"""Writes to the fleet inventory that the placement rules govern.
+
+Every function here loads the rows involved under row locks (SELECT ... FOR UPDATE on
+PostgreSQL; SQLite runs IMMEDIATE transactions, which serialize writers), asks
+`fleet.placement` and writes only what it accepts. Locks are always taken in the order
+host, GPU, VM, so two placements never deadlock.
+
+A refusal found before the locks are taken is a plain rule violation (`PlacementError`);
+one that appears only once the locks are held means another request changed the fleet in
+between (e.g. took the last slot) and is a `FleetConflict`, which the API answers with 409.
+"""
+
+from __future__ import annotations
+
+from django.db import IntegrityError, transaction
+from django.db.models import Sum
+
+from fleet import placement
+from fleet.models import Gpu, Host, Vgpu, VgpuProfile, VirtualMachine
+from fleet.placement import PlacementError, Violation
+
+
+class FleetConflict(PlacementError):
+    """The fleet changed between the check and the write; trying again may give another answer."""
+
+
+def gpu_state(gpu: Gpu) -> placement.GpuState:
+    vgpus = Vgpu.objects.filter(gpu=gpu).select_related("profile__gpu_model")
+    return placement.GpuState(
+        id=gpu.pk, label=gpu.label, host_id=gpu.host_id, model=gpu.gpu_model.to_spec(),
+        mode=gpu.mode, size_mode=gpu.size_mode,
+        vgpus=tuple(placement.PlacedVgpu(v.profile.to_spec(), v.vm_id, v.placement_id) for v in vgpus),
+    )
+
+
+def vm_state(vm: VirtualMachine) -> placement.VmState:
+    vgpus = Vgpu.objects.filter(vm=vm).select_related("profile__gpu_model", "gpu")
+    return placement.VmState(
+        id=vm.pk, name=vm.name, vcpus=vm.vcpus, ram_gib=vm.ram_gib, host_id=vm.host_id,
+        vgpus=tuple(placement.VmVgpu(v.profile.to_spec(), v.gpu_id, v.gpu.host_id) for v in vgpus),
+    )
+
+
+def host_state(host: Host, exclude_vm_id: int | None = None) -> placement.HostState:
+    """The host's capacity and what its VMs claim, leaving out `exclude_vm_id` (the VM being changed)."""
+    claims = VirtualMachine.objects.filter(host=host).exclude(pk=exclude_vm_id).aggregate(
+        vcpus=Sum("vcpus"), ram_gib=Sum("ram_gib"),
+    )
+    return placement.HostState(
+        id=host.pk, name=host.name, cpu_threads=host.cpu_threads, ram_gib=host.ram_gib,
+        vcpu_overcommit=host.vcpu_overcommit, ram_overcommit=host.ram_overcommit,
+        allocated_vcpus=claims["vcpus"] or 0, allocated_ram_gib=claims["ram_gib"] or 0,
+    )
+
+
+def check_vgpu(vm: VirtualMachine, gpu: Gpu, profile: VgpuProfile) -> placement.Decision:
+    """Whether a vGPU of `profile` for `vm` fits on `gpu` now (no locks, no write): for forms and previews."""
+    return placement.check_placement(
+        gpu_state(gpu), profile.to_spec(), vm_state(vm), host_state(gpu.host, exclude_vm_id=vm.pk),
+    )
+
+
+def _locked(model, pk):
+    return model.objects.select_for_update().get(pk=pk)
+
+
+def place_vgpu(vm: VirtualMachine, gpu: Gpu, profile: VgpuProfile) -> Vgpu:
+    """Create a vGPU of `profile` on `gpu` for `vm`, or raise PlacementError / FleetConflict.
+
+    The VM moves onto the GPU's host with its first vGPU.
+    """
+    check_vgpu(vm, gpu, profile).raise_if_refused()
+    try:
+        with transaction.atomic():
+            host = _locked(Host, gpu.host_id)
+            gpu = Gpu.objects.select_for_update().select_related("gpu_model").get(pk=gpu.pk)
+            vm = _locked(VirtualMachine, vm.pk)
+            decision = placement.check_placement(
+                gpu_state(gpu), profile.to_spec(), vm_state(vm), host_state(host, exclude_vm_id=vm.pk),
+            )
+            if not decision.ok:
+                raise FleetConflict(decision.violations)
+            if vm.host_id != host.pk:
+                vm.host = host
+                vm.save(update_fields=["host"])
+            return Vgpu.objects.create(vm=vm, gpu=gpu, profile=profile, placement_id=decision.placement_id)
+    except IntegrityError as exc:
+        raise FleetConflict([Violation(
+            placement.Rule.PLACEMENT_SLOT, f"GPU {gpu.label}: the slot was taken by another request meanwhile",
+        )]) from exc
+
+
+def remove_vgpu(vgpu: Vgpu) -> None:
+    """Delete a vGPU; a VM left without vGPUs leaves its host (it no longer claims its capacity)."""
+    with transaction.atomic():
+        vm = _locked(VirtualMachine, vgpu.vm_id)
+        Vgpu.objects.filter(pk=vgpu.pk).delete()
+        if not Vgpu.objects.filter(vm=vm).exists() and vm.host_id is not None:
+            vm.host = None
+            vm.save(update_fields=["host"])
+
+
+def check_vm_resize(vm: VirtualMachine, vcpus: int, ram_gib: int) -> list[Violation]:
+    """Whether a VM may take this many vCPUs and this much RAM on the host it runs on."""
+    if vm.host_id is None:
+        return []
+    return placement.check_vm_fits_host(vm.name, vcpus, ram_gib, host_state(vm.host, exclude_vm_id=vm.pk))
+
+
+def update_vm(vm: VirtualMachine, **fields) -> VirtualMachine:
+    """Save changes to a VM, re-checking host capacity when its vCPUs or RAM change."""
+    with transaction.atomic():
+        if vm.pk is not None and vm.host_id is not None and ({"vcpus", "ram_gib"} & fields.keys()):
+            _locked(Host, vm.host_id)
+            locked = _locked(VirtualMachine, vm.pk)
+            violations = check_vm_resize(
+                locked, fields.get("vcpus", locked.vcpus), fields.get("ram_gib", locked.ram_gib),
+            )
+            if violations:
+                raise PlacementError(violations)
+        for name, value in fields.items():
+            setattr(vm, name, value)
+        vm.save()
+    return vm
+
+
+def update_gpu(gpu: Gpu, **fields) -> Gpu:
+    """Create or change a GPU; its mode, size mode, host and model change only while it holds no vGPU."""
+    with transaction.atomic():
+        current = gpu
+        if gpu.pk is not None:
+            current = Gpu.objects.select_for_update().select_related("gpu_model").get(pk=gpu.pk)
+        state = gpu_state(current) if gpu.pk is not None else placement.GpuState(
+            id=0, label=gpu.pci_bus_id, host_id=gpu.host_id, model=gpu.gpu_model.to_spec(),
+            mode=gpu.mode, size_mode=gpu.size_mode,
+        )
+        model = fields.get("gpu_model", current.gpu_model)
+        host = fields.get("host", current.host)
+        violations = placement.check_gpu_change(
+            state, fields.get("mode", current.mode), fields.get("size_mode", current.size_mode),
+            model=model.to_spec(), host_id=host.pk,
+        )
+        if violations:
+            raise PlacementError(violations)
+        for name, value in fields.items():
+            setattr(gpu, name, value)
+        gpu.save()
+    return gpu
+
+
+def update_host(host: Host, **fields) -> Host:
+    """Save changes to a host, refusing capacity below what its VMs already claim."""
+    with transaction.atomic():
+        if host.pk is not None:
+            locked = _locked(Host, host.pk)
+            violations = placement.check_host_capacity(
+                host_state(locked),
+                fields.get("cpu_threads", locked.cpu_threads), fields.get("ram_gib", locked.ram_gib),
+                fields.get("vcpu_overcommit", locked.vcpu_overcommit),
+                fields.get("ram_overcommit", locked.ram_overcommit),
+            )
+            if violations:
+                raise PlacementError(violations)
+        for name, value in fields.items():
+            setattr(host, name, value)
+        host.save()
+    return host

@@ -1,0 +1,1 @@
+"""Agents, samples and rollups of GPU and vGPU metrics are collected here (see DESIGN.md)."""
