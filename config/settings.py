@@ -112,7 +112,7 @@ else:
             "NAME": env_str("SQLITE_PATH", str(BASE_DIR / "db.sqlite3")),
             "OPTIONS": {"transaction_mode": "IMMEDIATE", "timeout": 20},
             # A file, not memory, so that tests with several threads share one database.
-            "TEST": {"NAME": str(BASE_DIR / ".test-db.sqlite3")},
+            "TEST": {"NAME": env_str("SQLITE_TEST_PATH", str(BASE_DIR / ".test-db.sqlite3"))},
         }
     }
 
