@@ -174,6 +174,26 @@ SPECTACULAR_SETTINGS = {
 FLEET_DEFAULT_VCPU_OVERCOMMIT = env_float("FLEET_DEFAULT_VCPU_OVERCOMMIT", 1.0)
 FLEET_DEFAULT_RAM_OVERCOMMIT = env_float("FLEET_DEFAULT_RAM_OVERCOMMIT", 1.0)
 
+# Celery: Redis when REDIS_URL is set (production, docker-compose); otherwise kombu's
+# filesystem transport in a local folder, so the embedded default needs no server.
+REDIS_URL = env_str("REDIS_URL")
+CELERY_BROKER_URL = env_str("CELERY_BROKER_URL", REDIS_URL or "filesystem://")
+if CELERY_BROKER_URL == "filesystem://":
+    _queue_dir = Path(env_str("CELERY_QUEUE_DIR", str(BASE_DIR / "var" / "celery-queue")))
+    CELERY_BROKER_TRANSPORT_OPTIONS = {
+        "data_folder_in": str(_queue_dir),
+        "data_folder_out": str(_queue_dir),
+        "processed_folder": str(_queue_dir / "processed"),
+        "store_processed": False,
+    }
+CELERY_TASK_SERIALIZER = "json"
+CELERY_RESULT_SERIALIZER = "json"
+CELERY_ACCEPT_CONTENT = ["json"]
+CELERY_TASK_IGNORE_RESULT = True
+CELERY_TASK_TIME_LIMIT = 300
+CELERY_TASK_SOFT_TIME_LIMIT = 240
+CELERY_TIMEZONE = TIME_ZONE
+
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,

@@ -5,6 +5,7 @@ from django.db import connection
 from django.http import JsonResponse
 from django.urls import include, path
 from django.views.decorators.cache import never_cache
+from django.views.generic import RedirectView
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
 
@@ -20,6 +21,8 @@ def healthz(request):
 
 
 urlpatterns = [
+    # The fleet overview page replaces this redirect when the dashboard lands.
+    path("", RedirectView.as_view(pattern_name="admin:index", permanent=False)),
     path("admin/", admin.site.urls),
     path("api/v1/", include("fleet.api.urls")),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
