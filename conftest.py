@@ -6,6 +6,13 @@ from rest_framework.test import APIClient
 from fleet.tests.factories import ArtistFactory, UserFactory
 
 
+@pytest.fixture(autouse=True)
+def _fast_password_hasher(settings):
+    """MD5 instead of PBKDF2 for test users: factories give every user a password, and the
+    production hasher is slow on purpose (~0.25 s a user)."""
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+
 @pytest.fixture
 def admin_user(db):
     return UserFactory(username="admin", is_staff=True, is_superuser=True)

@@ -157,11 +157,17 @@ class HostState:
 
     @property
     def vcpu_capacity(self) -> int:
-        return int(self.cpu_threads * self.vcpu_overcommit)
+        return _whole(self.cpu_threads * self.vcpu_overcommit)
 
     @property
     def ram_capacity_gib(self) -> int:
-        return int(self.ram_gib * self.ram_overcommit)
+        return _whole(self.ram_gib * self.ram_overcommit)
+
+
+def _whole(amount: float) -> int:
+    """Whole units in `amount`, a product with a decimal overcommit: 45 x 1.4 is 63, although
+    binary floating point computes 62.99999999999999 (plain int() would make it 62)."""
+    return int(round(amount, 6))
 
 
 @dataclass
@@ -353,7 +359,9 @@ def check_placement(gpu: GpuState, profile: ProfileSpec, vm: VmState, host: Host
     """
     decision = _gpu_rules(gpu, profile)
     decision.violations.extend(_vm_rules(gpu, profile, vm))
-    if vm.host_id is None and not vm.vgpus:
+    # A VM not yet counted on this host moves there with this vGPU. Its recorded host, not
+    # whether it holds vGPUs, says so: a VM left recorded on another host must fit this one.
+    if vm.host_id != host.id:
         decision.violations.extend(check_vm_fits_host(vm.name, vm.vcpus, vm.ram_gib, host))
     if decision.violations:
         decision.placement_id = None

@@ -69,11 +69,18 @@ def place_vgpu(vm: VirtualMachine, gpu: Gpu, profile: VgpuProfile) -> Vgpu:
 
     The VM moves onto the GPU's host with its first vGPU.
     """
+    # `gpu` may have been loaded before the GPU moved to another host (an open form): ask about,
+    # and lock, the host it is on now, or the VM would be recorded on the old one.
+    gpu = Gpu.objects.select_related("host", "gpu_model").get(pk=gpu.pk)
     check_vgpu(vm, gpu, profile).raise_if_refused()
     try:
         with transaction.atomic():
             host = _locked(Host, gpu.host_id)
-            gpu = Gpu.objects.select_for_update().select_related("gpu_model").get(pk=gpu.pk)
+            gpu = Gpu.objects.select_for_update(of=("self",)).select_related("gpu_model").get(pk=gpu.pk)
+            if gpu.host_id != host.pk:
+                raise FleetConflict([Violation(
+                    placement.Rule.VM_HOST, f"GPU {gpu.label} moved to another host meanwhile; try again",
+                )])
             vm = _locked(VirtualMachine, vm.pk)
             decision = placement.check_placement(
                 gpu_state(gpu), profile.to_spec(), vm_state(vm), host_state(host, exclude_vm_id=vm.pk),
@@ -108,16 +115,29 @@ def check_vm_resize(vm: VirtualMachine, vcpus: int, ram_gib: int) -> list[Violat
 
 
 def update_vm(vm: VirtualMachine, **fields) -> VirtualMachine:
-    """Save changes to a VM, re-checking host capacity when its vCPUs or RAM change."""
+    """Save changes to a VM, re-checking host capacity when its vCPUs or RAM change.
+
+    What is checked is what is written: `vm` with `fields` applied. The host is placement's:
+    it is read from the database under lock and kept (unless `fields` names one), since `vm`
+    may have been loaded before a placement moved the VM (an edit form left open); writing
+    its host back would detach the VM from the host its vGPUs are on.
+    """
     with transaction.atomic():
-        if vm.pk is not None and vm.host_id is not None and ({"vcpus", "ram_gib"} & fields.keys()):
-            _locked(Host, vm.host_id)
+        row = VirtualMachine.objects.filter(pk=vm.pk).values("host_id").first() if vm.pk is not None else None
+        if row is not None:
+            if row["host_id"] is not None:
+                _locked(Host, row["host_id"])  # lock order: host, then VM
             locked = _locked(VirtualMachine, vm.pk)
-            violations = check_vm_resize(
-                locked, fields.get("vcpus", locked.vcpus), fields.get("ram_gib", locked.ram_gib),
-            )
-            if violations:
-                raise PlacementError(violations)
+            if locked.host_id != row["host_id"]:
+                raise FleetConflict([Violation(
+                    placement.Rule.VM_HOST, f"VM {locked.name} moved to another host meanwhile; try again",
+                )])
+            vcpus, ram_gib = fields.get("vcpus", vm.vcpus), fields.get("ram_gib", vm.ram_gib)
+            if (vcpus, ram_gib) != (locked.vcpus, locked.ram_gib):
+                violations = check_vm_resize(locked, vcpus, ram_gib)
+                if violations:
+                    raise PlacementError(violations)
+            vm.host_id = locked.host_id
         for name, value in fields.items():
             setattr(vm, name, value)
         vm.save()
@@ -129,15 +149,19 @@ def update_gpu(gpu: Gpu, **fields) -> Gpu:
     with transaction.atomic():
         current = gpu
         if gpu.pk is not None:
-            current = Gpu.objects.select_for_update().select_related("gpu_model").get(pk=gpu.pk)
+            current = Gpu.objects.select_for_update(of=("self",)).select_related("gpu_model").get(pk=gpu.pk)
+        # What is checked is what is written: `gpu` with `fields` applied (a caller may have set
+        # them on the object already, or loaded it before another change it would write back).
+        # Not fields.get(name, gpu.x): the default is evaluated even when unused, and a new
+        # GPU whose model or host comes in `fields` has none yet (RelatedObjectDoesNotExist).
+        model = fields["gpu_model"] if "gpu_model" in fields else gpu.gpu_model  # noqa: SIM401
+        host = fields["host"] if "host" in fields else gpu.host  # noqa: SIM401
         state = gpu_state(current) if gpu.pk is not None else placement.GpuState(
-            id=0, label=gpu.pci_bus_id, host_id=gpu.host_id, model=gpu.gpu_model.to_spec(),
+            id=0, label=fields.get("pci_bus_id", gpu.pci_bus_id), host_id=host.pk, model=model.to_spec(),
             mode=gpu.mode, size_mode=gpu.size_mode,
         )
-        model = fields.get("gpu_model", current.gpu_model)
-        host = fields.get("host", current.host)
         violations = placement.check_gpu_change(
-            state, fields.get("mode", current.mode), fields.get("size_mode", current.size_mode),
+            state, fields.get("mode", gpu.mode), fields.get("size_mode", gpu.size_mode),
             model=model.to_spec(), host_id=host.pk,
         )
         if violations:
@@ -148,17 +172,22 @@ def update_gpu(gpu: Gpu, **fields) -> Gpu:
     return gpu
 
 
+CAPACITY_FIELDS = ("cpu_threads", "ram_gib", "vcpu_overcommit", "ram_overcommit")
+
+
 def update_host(host: Host, **fields) -> Host:
-    """Save changes to a host, refusing capacity below what its VMs already claim."""
+    """Save changes to a host, refusing capacity below what its VMs already claim.
+
+    What is checked is what is written: `host` with `fields` applied. Only a change of
+    capacity is checked, so a host already over capacity (say after its overcommit
+    default changed) can still be renamed or given more capacity.
+    """
     with transaction.atomic():
         if host.pk is not None:
             locked = _locked(Host, host.pk)
-            violations = placement.check_host_capacity(
-                host_state(locked),
-                fields.get("cpu_threads", locked.cpu_threads), fields.get("ram_gib", locked.ram_gib),
-                fields.get("vcpu_overcommit", locked.vcpu_overcommit),
-                fields.get("ram_overcommit", locked.ram_overcommit),
-            )
+            wanted = {name: fields.get(name, getattr(host, name)) for name in CAPACITY_FIELDS}
+            shrinks = any(wanted[name] < getattr(locked, name) for name in CAPACITY_FIELDS)
+            violations = placement.check_host_capacity(host_state(locked), **wanted) if shrinks else []
             if violations:
                 raise PlacementError(violations)
         for name, value in fields.items():

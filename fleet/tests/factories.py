@@ -6,6 +6,9 @@ from django.contrib.auth import get_user_model
 
 from fleet.models import Artist, Gpu, GpuModel, Host, VgpuProfile, VirtualMachine
 
+# The PCI bus id of the sizing guide's first GPU, used where a test names a GPU in a message.
+BUS = "00000000:3B:00.0"
+
 
 def gpu_model(name: str = "Quadro RTX 6000") -> GpuModel:
     return GpuModel.objects.get(name=name)
@@ -19,9 +22,10 @@ class UserFactory(factory.django.DjangoModelFactory):
     class Meta:
         model = get_user_model()
         django_get_or_create = ("username",)
+        skip_postgeneration_save = True
 
     username = factory.Sequence(lambda n: f"user{n}")
-    password = factory.PostGenerationMethodCall("set_password", "pass-word-123")
+    password = factory.django.Password("pass-word-123")
 
 
 class HostFactory(factory.django.DjangoModelFactory):

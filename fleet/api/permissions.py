@@ -1,0 +1,19 @@
+"""Who may do what through the v1 API (DESIGN.md, "Roles").
+
+Reading is for every signed-in user; what each one sees is scoped by `fleet.queries`, so an
+object outside an artist's scope is a 404. Writing the inventory is for staff only: an artist
+gets 403 on every POST, PUT, PATCH and DELETE, whichever object it names.
+"""
+
+from rest_framework.permissions import SAFE_METHODS, BasePermission
+
+from fleet.queries import is_fleet_admin
+
+
+class IsFleetAdminOrReadOnly(BasePermission):
+    message = "Only fleet admins (staff) may change the inventory."
+
+    def has_permission(self, request, view) -> bool:
+        if not (request.user and request.user.is_authenticated):
+            return False
+        return request.method in SAFE_METHODS or is_fleet_admin(request.user)

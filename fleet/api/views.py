@@ -1,0 +1,187 @@
+"""Viewsets of the v1 inventory API: thin layers over `fleet.queries` (what a user may see),
+`fleet.filtersets` (filters) and the serializers (which hand rule-governed writes to
+`fleet.services`)."""
+
+from collections.abc import Callable
+
+from django.db.models import ProtectedError, QuerySet
+from django_filters.rest_framework import DjangoFilterBackend
+from drf_spectacular.utils import OpenApiResponse, extend_schema, extend_schema_view
+from rest_framework import mixins, viewsets
+from rest_framework.filters import OrderingFilter
+
+from fleet import filtersets, queries, services
+from fleet.api import serializers
+from fleet.api.exceptions import Conflict, in_use_message
+from fleet.api.permissions import IsFleetAdminOrReadOnly
+
+RULE_REFUSED = OpenApiResponse(
+    serializers.PlacementErrorSerializer,
+    description="Invalid input (field messages), or a placement rule refused the change (`detail` and "
+                "`violations`, each naming its `rule`)",
+)
+FLEET_CHANGED = OpenApiResponse(
+    serializers.PlacementErrorSerializer,
+    description="The fleet changed under the request (e.g. another request took the last slot); try again",
+)
+IN_USE = OpenApiResponse(
+    serializers.DetailSerializer, description="Still referred to by other objects (e.g. a host that has GPUs)",
+)
+
+
+class StableOrderingFilter(OrderingFilter):
+    """`?ordering=` with `id` appended as a tiebreak, so limit/offset pages never repeat or skip
+    rows that share a value (e.g. many hosts with the same `cpu_threads`)."""
+
+    def get_ordering(self, request, queryset, view):
+        ordering = super().get_ordering(request, queryset, view)
+        if ordering and not {"id", "-id", "pk", "-pk"} & set(ordering):
+            ordering = [*ordering, "id"]
+        return ordering
+
+
+class FleetViewSetMixin:
+    """Common behaviour: role-scoped querysets, staff-only writes, filters, stable ordering, and
+    responses to writes rendered from a fresh read (so annotated figures are current)."""
+
+    permission_classes = [IsFleetAdminOrReadOnly]
+    filter_backends = [DjangoFilterBackend, StableOrderingFilter]
+    #: `fleet.queries` function returning the rows a user may see.
+    scoped_queryset: Callable[..., QuerySet]
+
+    def get_queryset(self) -> QuerySet:
+        if getattr(self, "swagger_fake_view", False):  # schema generation: no real user
+            return self.serializer_class.Meta.model.objects.none()
+        # Looked up on the class: a plain function stored there, not a method of the viewset.
+        return type(self).scoped_queryset(self.request.user)
+
+    def _reload(self, serializer) -> None:
+        serializer.instance = self.get_queryset().get(pk=serializer.instance.pk)
+
+    def perform_create(self, serializer) -> None:
+        serializer.save()
+        self._reload(serializer)
+
+    def perform_update(self, serializer) -> None:
+        serializer.save()
+        self._reload(serializer)
+
+    def perform_destroy(self, instance) -> None:
+        try:
+            instance.delete()
+        except ProtectedError as exc:
+            raise Conflict(in_use_message(exc, instance)) from exc
+
+
+class FleetViewSet(FleetViewSetMixin, viewsets.ModelViewSet):
+    """A full read-write resource (writes for staff only)."""
+
+
+@extend_schema_view(destroy=extend_schema(responses={204: None, 409: IN_USE}))
+class GpuModelViewSet(FleetViewSet):
+    """GPU models (boards) and their frame buffer; readable by everyone signed in."""
+
+    scoped_queryset = queries.gpu_models_for
+    serializer_class = serializers.GpuModelSerializer
+    filterset_class = filtersets.GpuModelFilterSet
+    ordering_fields = ["id", "name", "code", "fb_mib"]
+
+
+@extend_schema_view(destroy=extend_schema(responses={204: None, 409: IN_USE}))
+class VgpuProfileViewSet(FleetViewSet):
+    """vGPU profiles of each GPU model with their maximum counts; readable by everyone signed in."""
+
+    scoped_queryset = queries.vgpu_profiles_for
+    serializer_class = serializers.VgpuProfileSerializer
+    filterset_class = filtersets.VgpuProfileFilterSet
+    ordering_fields = ["id", "name", "gpu_model", "series", "fb_mib", "max_per_gpu"]
+
+
+_capacity_refused = {400: RULE_REFUSED}
+
+
+@extend_schema_view(
+    create=extend_schema(responses={201: serializers.HostSerializer, **_capacity_refused}),
+    update=extend_schema(responses={200: serializers.HostSerializer, **_capacity_refused}),
+    partial_update=extend_schema(responses={200: serializers.HostSerializer, **_capacity_refused}),
+    destroy=extend_schema(responses={204: None, 409: IN_USE}),
+)
+class HostViewSet(FleetViewSet):
+    """Hosts with the vCPUs and RAM their VMs claim; an artist sees the hosts of their own VMs."""
+
+    scoped_queryset = queries.hosts_for
+    serializer_class = serializers.HostSerializer
+    filterset_class = filtersets.HostFilterSet
+    ordering_fields = ["id", "name", "hypervisor", "cpu_threads", "ram_gib", "allocated_vcpus",
+                       "allocated_ram_gib", "gpu_count"]
+
+
+@extend_schema_view(
+    create=extend_schema(responses={201: serializers.GpuSerializer, **_capacity_refused}),
+    update=extend_schema(responses={200: serializers.GpuSerializer, **_capacity_refused}),
+    partial_update=extend_schema(responses={200: serializers.GpuSerializer, **_capacity_refused}),
+    destroy=extend_schema(responses={204: None, 409: IN_USE}),
+)
+class GpuViewSet(FleetViewSet):
+    """Physical GPUs with the frame buffer their vGPUs take; `?uuid=` finds one by NVML UUID. An
+    artist sees the GPUs that hold their own VMs' vGPUs. The detail adds `latest`."""
+
+    scoped_queryset = queries.gpus_for
+    serializer_class = serializers.GpuSerializer
+    filterset_class = filtersets.GpuFilterSet
+    ordering_fields = ["id", "host", "pci_bus_id", "uuid", "gpu_model", "mode", "size_mode", "used_fb_mib",
+                       "vgpu_count"]
+
+    def get_serializer_class(self):
+        if self.action == "retrieve":
+            return serializers.GpuDetailSerializer
+        return serializers.GpuSerializer
+
+
+class ArtistViewSet(FleetViewSet):
+    """Artists; an artist sees only their own record."""
+
+    scoped_queryset = queries.artists_for
+    serializer_class = serializers.ArtistSerializer
+    filterset_class = filtersets.ArtistFilterSet
+    ordering_fields = ["id", "name", "workflow", "user_type"]
+
+
+@extend_schema_view(
+    update=extend_schema(responses={200: serializers.VirtualMachineSerializer, **_capacity_refused}),
+    partial_update=extend_schema(responses={200: serializers.VirtualMachineSerializer, **_capacity_refused}),
+)
+class VirtualMachineViewSet(FleetViewSet):
+    """Virtual workstations with their vGPUs; an artist sees only their own. A VM's host is set
+    by placing its first vGPU."""
+
+    scoped_queryset = queries.vms_for
+    serializer_class = serializers.VirtualMachineSerializer
+    filterset_class = filtersets.VirtualMachineFilterSet
+    ordering_fields = ["id", "name", "vcpus", "ram_gib", "host", "artist"]
+
+
+@extend_schema_view(
+    create=extend_schema(
+        summary="Place a vGPU",
+        description="Places a vGPU of `profile` on `gpu` for `vm` if the placement rules allow it; the "
+                    "VM moves to the GPU's host with its first vGPU.",
+        responses={201: serializers.VgpuSerializer, 400: RULE_REFUSED, 409: FLEET_CHANGED},
+    ),
+    destroy=extend_schema(
+        summary="Remove a vGPU",
+        description="A VM left without vGPUs leaves its host.",
+    ),
+)
+class VgpuViewSet(FleetViewSetMixin, mixins.CreateModelMixin, mixins.RetrieveModelMixin,
+                  mixins.DestroyModelMixin, mixins.ListModelMixin, viewsets.GenericViewSet):
+    """vGPUs, created and removed only through placement (no PUT or PATCH, 405: remove and place
+    again). An artist sees the vGPUs of their own VMs."""
+
+    scoped_queryset = queries.vgpus_for
+    serializer_class = serializers.VgpuSerializer
+    filterset_class = filtersets.VgpuFilterSet
+    ordering_fields = ["id", "vm", "gpu", "profile", "placement_id"]
+
+    def perform_destroy(self, instance) -> None:
+        services.remove_vgpu(instance)

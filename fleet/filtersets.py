@@ -1,0 +1,108 @@
+"""FilterSets of the fleet inventory, one per model, shared by the REST API and the HTML lists.
+
+Query parameters are the model's field names (`?host=3&mode=vgpu`); foreign keys take ids, and
+an unknown id or choice is a 400, not an empty list. `name` filters match a part of the name,
+case-insensitively. Ordering is not here: the API's OrderingFilter takes `?ordering=`.
+
+The choices of a filter on a host, GPU, VM, artist or user are what the requesting user may
+see (`fleet.queries.visible_*`): an artist's filter form never lists other artists' VMs, and
+naming an object outside their scope is the same 400 as naming one that does not exist. Pass
+`request=` when building a FilterSet for a page; without a request those choices are empty.
+"""
+
+import django_filters
+
+from fleet import queries
+from fleet.choices import GpuMode, Hypervisor, Series, SizeMode, UserType, Workflow
+from fleet.models import Artist, Gpu, GpuModel, Host, Vgpu, VgpuProfile, VirtualMachine
+
+
+def visible_to_requester(visible):
+    """A ModelChoiceFilter `queryset` callable: the rows `visible(user)` gives the requesting user."""
+
+    def queryset(request):
+        return visible(getattr(request, "user", None))
+
+    return queryset
+
+
+def _choice_of(visible, **kwargs) -> django_filters.ModelChoiceFilter:
+    return django_filters.ModelChoiceFilter(queryset=visible_to_requester(visible), **kwargs)
+
+
+class GpuModelFilterSet(django_filters.FilterSet):
+    name = django_filters.CharFilter(lookup_expr="icontains")
+
+    class Meta:
+        model = GpuModel
+        fields = ["name", "code", "mixed_size_capable", "gpus_per_board"]
+
+
+class VgpuProfileFilterSet(django_filters.FilterSet):
+    name = django_filters.CharFilter(lookup_expr="icontains")
+    series = django_filters.ChoiceFilter(choices=Series.choices)
+    fb_mib__gte = django_filters.NumberFilter(
+        field_name="fb_mib", lookup_expr="gte", label="Frame buffer at least (MiB)",
+    )
+    fb_mib__lte = django_filters.NumberFilter(
+        field_name="fb_mib", lookup_expr="lte", label="Frame buffer at most (MiB)",
+    )
+
+    class Meta:
+        model = VgpuProfile
+        fields = ["name", "gpu_model", "series", "fb_mib"]
+
+
+class HostFilterSet(django_filters.FilterSet):
+    name = django_filters.CharFilter(lookup_expr="icontains")
+    hypervisor = django_filters.ChoiceFilter(choices=Hypervisor.choices)
+
+    class Meta:
+        model = Host
+        fields = ["name", "hypervisor"]
+
+
+class GpuFilterSet(django_filters.FilterSet):
+    """`?uuid=` finds the GPU an agent or nvidia-smi reports (exact NVML UUID)."""
+
+    host = _choice_of(queries.visible_hosts)
+    mode = django_filters.ChoiceFilter(choices=GpuMode.choices)
+    size_mode = django_filters.ChoiceFilter(choices=SizeMode.choices)
+
+    class Meta:
+        model = Gpu
+        fields = ["uuid", "host", "gpu_model", "mode", "size_mode", "pci_bus_id"]
+
+
+class ArtistFilterSet(django_filters.FilterSet):
+    name = django_filters.CharFilter(lookup_expr="icontains")
+    user = _choice_of(queries.visible_users)
+    workflow = django_filters.ChoiceFilter(choices=Workflow.choices)
+    user_type = django_filters.ChoiceFilter(choices=UserType.choices)
+
+    class Meta:
+        model = Artist
+        fields = ["name", "user", "workflow", "user_type"]
+
+
+class VirtualMachineFilterSet(django_filters.FilterSet):
+    name = django_filters.CharFilter(lookup_expr="icontains")
+    host = _choice_of(queries.visible_hosts)
+    artist = _choice_of(queries.visible_artists)
+    unplaced = django_filters.BooleanFilter(
+        field_name="host", lookup_expr="isnull", label="Without a host (holds no vGPU)",
+    )
+
+    class Meta:
+        model = VirtualMachine
+        fields = ["name", "uuid", "host", "artist", "unplaced"]
+
+
+class VgpuFilterSet(django_filters.FilterSet):
+    vm = _choice_of(queries.visible_vms)
+    gpu = _choice_of(queries.visible_gpus)
+    host = _choice_of(queries.visible_hosts, field_name="gpu__host", label="Host")
+
+    class Meta:
+        model = Vgpu
+        fields = ["vm", "gpu", "profile", "host"]

@@ -1,0 +1,169 @@
+"""Reusable reads of the fleet inventory, shared by the REST API and the HTML pages.
+
+Each `<things>_for(user)` function returns the rows `user` may see, ordered (with an id
+tiebreak, so pages never repeat or skip a row) and loaded with everything a list shows in a
+fixed number of queries: related rows by `select_related`/`prefetch_related`, sums and counts
+by correlated subqueries (a plain `Sum` over one join and `Count` over another would multiply
+each other's rows).
+
+Role scoping (DESIGN.md, "Roles"): staff see everything. Anyone else sees only what their own
+VMs touch: their own artist record, their VMs and those VMs' vGPUs, and the hosts and GPUs that
+carry those VMs. Figures of a host or GPU that an artist may see (allocated vCPUs, used frame
+buffer) are totals over every VM on it: capacity, not another artist's data. Anonymous users
+see nothing.
+"""
+
+from __future__ import annotations
+
+from django.contrib.auth import get_user_model
+from django.db.models import (
+    Count,
+    IntegerField,
+    OuterRef,
+    Prefetch,
+    QuerySet,
+    Subquery,
+    Sum,
+    Value,
+)
+from django.db.models.functions import Coalesce
+
+from fleet.models import Artist, Gpu, GpuModel, Host, Vgpu, VgpuProfile, VirtualMachine
+
+
+def is_fleet_admin(user) -> bool:
+    """Whether `user` manages the whole inventory (DESIGN.md "admin" role: a staff user)."""
+    return bool(user and user.is_authenticated and user.is_active and user.is_staff)
+
+
+def _total(queryset: QuerySet, group_by: str, expression) -> Coalesce:
+    """A correlated subquery of one aggregate per outer row, 0 where the outer row has no match."""
+    aggregate = queryset.order_by().values(group_by).annotate(total=expression).values("total")
+    return Coalesce(Subquery(aggregate, output_field=IntegerField()), Value(0))
+
+
+def _own_vms(user) -> QuerySet[VirtualMachine]:
+    return VirtualMachine.objects.filter(artist__user=user)
+
+
+# Scoping alone: cheap querysets for choices and lookups (e.g. the choices of a filter). -----
+
+
+def visible_hosts(user) -> QuerySet[Host]:
+    """Hosts `user` may see: all for staff, those running one of their VMs for an artist."""
+    if not (user and user.is_authenticated):
+        return Host.objects.none()
+    if is_fleet_admin(user):
+        return Host.objects.all()
+    return Host.objects.filter(pk__in=_own_vms(user).values("host_id"))
+
+
+def visible_gpus(user) -> QuerySet[Gpu]:
+    """GPUs `user` may see: all for staff, those holding a vGPU of one of their VMs for an artist."""
+    if not (user and user.is_authenticated):
+        return Gpu.objects.none()
+    if is_fleet_admin(user):
+        return Gpu.objects.all()
+    return Gpu.objects.filter(pk__in=Vgpu.objects.filter(vm__in=_own_vms(user)).values("gpu_id"))
+
+
+def visible_artists(user) -> QuerySet[Artist]:
+    """Artists `user` may see: all for staff, their own record for an artist."""
+    if not (user and user.is_authenticated):
+        return Artist.objects.none()
+    if is_fleet_admin(user):
+        return Artist.objects.all()
+    return Artist.objects.filter(user=user)
+
+
+def visible_users(user) -> QuerySet:
+    """User accounts `user` may see: all for staff, only themselves otherwise."""
+    users = get_user_model().objects
+    if not (user and user.is_authenticated):
+        return users.none()
+    if is_fleet_admin(user):
+        return users.all()
+    return users.filter(pk=user.pk)
+
+
+def visible_vms(user) -> QuerySet[VirtualMachine]:
+    """VMs `user` may see: all for staff, their own for an artist."""
+    if not (user and user.is_authenticated):
+        return VirtualMachine.objects.none()
+    if is_fleet_admin(user):
+        return VirtualMachine.objects.all()
+    return _own_vms(user)
+
+
+def visible_vgpus(user) -> QuerySet[Vgpu]:
+    """vGPUs `user` may see: all for staff, those of their own VMs for an artist."""
+    if not (user and user.is_authenticated):
+        return Vgpu.objects.none()
+    if is_fleet_admin(user):
+        return Vgpu.objects.all()
+    return Vgpu.objects.filter(vm__artist__user=user)
+
+
+# Lists and details: scoped, ordered, with everything they show loaded. ------------------
+
+
+def gpu_models_for(user) -> QuerySet[GpuModel]:
+    """GPU models: the public catalog, readable by every signed-in user."""
+    if not (user and user.is_authenticated):
+        return GpuModel.objects.none()
+    return GpuModel.objects.order_by("name", "id")
+
+
+def vgpu_profiles_for(user) -> QuerySet[VgpuProfile]:
+    """vGPU profiles with their GPU model; the public catalog, readable by every signed-in user."""
+    if not (user and user.is_authenticated):
+        return VgpuProfile.objects.none()
+    return VgpuProfile.objects.select_related("gpu_model").order_by("gpu_model__name", "-fb_mib", "series", "id")
+
+
+def with_host_usage(queryset: QuerySet[Host]) -> QuerySet[Host]:
+    """Hosts annotated with `allocated_vcpus` and `allocated_ram_gib` (claimed by the VMs on them)
+    and `gpu_count`."""
+    vms = VirtualMachine.objects.filter(host=OuterRef("pk"))
+    return queryset.annotate(
+        allocated_vcpus=_total(vms, "host", Sum("vcpus")),
+        allocated_ram_gib=_total(vms, "host", Sum("ram_gib")),
+        gpu_count=_total(Gpu.objects.filter(host=OuterRef("pk")), "host", Count("pk")),
+    )
+
+
+def hosts_for(user) -> QuerySet[Host]:
+    """Hosts `user` may see, with their usage (see `with_host_usage`), ordered by name."""
+    return with_host_usage(visible_hosts(user)).order_by("name", "id")
+
+
+def with_gpu_usage(queryset: QuerySet[Gpu]) -> QuerySet[Gpu]:
+    """GPUs annotated with `used_fb_mib` (sum of their vGPUs' profile frame buffers) and `vgpu_count`."""
+    vgpus = Vgpu.objects.filter(gpu=OuterRef("pk"))
+    return queryset.annotate(
+        used_fb_mib=_total(vgpus, "gpu", Sum("profile__fb_mib")),
+        vgpu_count=_total(vgpus, "gpu", Count("pk")),
+    )
+
+
+def gpus_for(user) -> QuerySet[Gpu]:
+    """GPUs `user` may see, with host, model and usage, ordered by host name and PCI bus id."""
+    queryset = visible_gpus(user).select_related("host", "gpu_model")
+    return with_gpu_usage(queryset).order_by("host__name", "pci_bus_id", "id")
+
+
+def artists_for(user) -> QuerySet[Artist]:
+    """Artists `user` may see, with their user, ordered by name."""
+    return visible_artists(user).select_related("user").order_by("name", "id")
+
+
+def vms_for(user) -> QuerySet[VirtualMachine]:
+    """VMs `user` may see, with artist, host and vGPUs (with profiles) loaded, ordered by name."""
+    return visible_vms(user).select_related("artist", "host").prefetch_related(
+        Prefetch("vgpus", queryset=Vgpu.objects.select_related("profile").order_by("id")),
+    ).order_by("name", "id")
+
+
+def vgpus_for(user) -> QuerySet[Vgpu]:
+    """vGPUs `user` may see, with VM, GPU and profile loaded, ordered by GPU and slot."""
+    return visible_vgpus(user).select_related("vm", "gpu", "profile").order_by("gpu_id", "placement_id", "id")

@@ -1,0 +1,9 @@
+"""The host agent: serves NVML (or simulated) GPU and vGPU metrics over HTTP (DESIGN.md, "Agent protocol (v1)").
+
+It runs on hypervisor hosts where only the Python standard library and nvidia-ml-py may be
+installed, so nothing in this package imports Django, and `pynvml` is imported only by the
+NVML backend (the simulated backend runs on the bare standard library).
+"""
+
+__version__ = "1.0.0"
+PROTOCOL_VERSION = 1

@@ -1,0 +1,156 @@
+"""Command line of the host agent.
+
+    python -m telemetry.agent --listen 0.0.0.0:9410 --token-file /etc/vgpu-agent/token \\
+        [--backend nvml|sim] [--scenario FILE] [--hostname NAME]
+
+Configuration problems (token file missing or empty, NVML unavailable, bad scenario, port
+in use) end the process with exit status 2 and one line saying what to fix, because the
+agent usually runs under systemd or docker where a traceback is the least readable answer.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import socket
+import stat
+import sys
+from pathlib import Path
+from typing import Any
+
+from . import __version__
+
+logger = logging.getLogger("telemetry.agent")
+
+
+class ConfigError(Exception):
+    """The agent cannot start as configured; the message says what to fix."""
+
+
+def parse_listen(value: str) -> tuple[str, int]:
+    """HOST:PORT (IPv6 as [::1]:9410; an empty host means all IPv4 addresses) -> (host, port)."""
+    host, sep, port = value.rpartition(":")
+    if not sep or not port.isdigit() or int(port) > 65535:
+        raise argparse.ArgumentTypeError(f"expected HOST:PORT, got {value!r}")
+    return host.strip("[]") or "0.0.0.0", int(port)
+
+
+def read_token(path: str | Path) -> str:
+    """The bearer token: the file's content stripped of surrounding whitespace; read once at start."""
+    path = Path(path)
+    try:
+        token = path.read_text(encoding="utf-8").strip()
+    except FileNotFoundError:
+        raise ConfigError(f"token file {path} does not exist") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"token file {path} cannot be read: {exc}") from None
+    if not token:
+        raise ConfigError(f"token file {path} is empty")
+    if not token.isascii() or not token.isprintable() or any(c.isspace() for c in token):
+        raise ConfigError(f"token in {path} must be one word of printable ASCII (it travels in an HTTP header)")
+    try:
+        if stat.S_IMODE(path.stat().st_mode) & 0o077:
+            logger.warning("token file %s is readable by other users; chmod 600 it", path)
+    except OSError:
+        pass
+    return token
+
+
+def make_backend(name: str, scenario: str | None) -> Any:
+    """The backend named on the command line; imports pynvml only for nvml."""
+    if name == "sim":
+        from .scenario import POC_SCENARIO_PATH, load_scenario
+        from .sim_backend import SimBackend
+
+        return SimBackend(load_scenario(scenario or POC_SCENARIO_PATH))
+    try:
+        import pynvml
+    except ImportError:
+        raise ConfigError("the nvml backend needs nvidia-ml-py: pip install nvidia-ml-py") from None
+    from .nvml_backend import NvmlBackend
+
+    try:
+        return NvmlBackend(pynvml)
+    except pynvml.NVMLError as exc:
+        raise ConfigError(f"NVML initialization failed: {exc} (is the NVIDIA driver loaded?)") from None
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m telemetry.agent",
+        description="Serve NVML (or simulated) GPU and vGPU metrics over HTTP (protocol v1).",
+    )
+    parser.add_argument(
+        "--listen",
+        type=parse_listen,
+        default=("0.0.0.0", 9410),
+        metavar="HOST:PORT",
+        help="address to listen on (default 0.0.0.0:9410; port 0 picks a free one)",
+    )
+    parser.add_argument(
+        "--token-file", required=True, metavar="PATH", help="file holding the bearer token that scrapers must present"
+    )
+    parser.add_argument("--backend", choices=("nvml", "sim"), default="nvml")
+    parser.add_argument(
+        "--scenario",
+        metavar="FILE",
+        help="scenario JSON of the sim backend (default: the sizing guide's proof of concept)",
+    )
+    parser.add_argument("--hostname", help="name reported in the payload (default: scenario or system hostname)")
+    parser.add_argument(
+        "--idle-timeout",
+        type=float,
+        default=120.0,
+        metavar="SECONDS",
+        help="close keep-alive connections idle this long (default 120)",
+    )
+    parser.add_argument("--log-level", default="INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR"))
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    return parser
+
+
+def _stop(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from .scenario import ScenarioError
+    from .server import AgentServer
+
+    try:
+        token = read_token(args.token_file)
+        backend = make_backend(args.backend, args.scenario)
+    except (ConfigError, ScenarioError) as exc:
+        print(f"telemetry.agent: error: {exc}", file=sys.stderr)
+        return 2
+    hostname = args.hostname or getattr(backend, "hostname", None) or socket.gethostname()
+    try:
+        server = AgentServer(args.listen, backend, token, hostname, idle_timeout_s=args.idle_timeout)
+    except OSError as exc:
+        print(f"telemetry.agent: error: cannot listen on {args.listen[0]}:{args.listen[1]}: {exc}", file=sys.stderr)
+        backend.close()
+        return 2
+    signal.signal(signal.SIGTERM, _stop)
+    # Tests and wrappers read this line to learn the port when --listen asked for port 0.
+    print(
+        f"telemetry.agent {__version__} pid {os.getpid()}: "
+        f"serving {backend.name} metrics of {hostname} on {server.url}",
+        file=sys.stderr,
+        flush=True,
+    )
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.server_close()
+        backend.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,289 @@
+"""A stand-in for the `pynvml` module, so the NVML backend is tested without a GPU.
+
+It returns the same types pynvml returns (its ctypes structures, lists, tuples, ints),
+raises pynvml's own NVMLError classes, counts every call, and can be told to fail any
+function with any NVML error code, for every GPU or for one. `nvmlVgpuInstanceGetFbUsage`
+mimics pynvml's 32-bit declaration (values wrap above 4 GiB) while the C entry point
+returned by `_nvmlGetFunctionPointer` is a real ctypes function that writes 64 bits, as
+the driver does. The blocking calls the poll must avoid fail the test if called.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from collections import Counter
+from dataclasses import dataclass, field
+
+import pynvml
+
+GIB = 1 << 30
+MIB = 1 << 20
+
+
+@dataclass
+class FakeVgpu:
+    instance: int
+    uuid: str
+    vm_id: str
+    vm_id_type: int = pynvml.NVML_VGPU_VM_ID_UUID
+    type_id: int = 401
+    type_name: str = "GRID RTX6000-12Q"
+    fb_usage_bytes: int = 2 * GIB
+    encoder_stats: tuple[int, int, int] = (1, 60, 2800)
+
+
+@dataclass
+class FakeGpu:
+    uuid: str = "GPU-11111111-2222-3333-4444-555555555555"
+    name: str = "Quadro RTX 6000"
+    bus_id: str = "00000000:3B:00.0"
+    fb_total_mib: int = 24576
+    fb_used_mib: int = 3072
+    util: tuple[int, int] = (37, 12)
+    enc_util: int = 5
+    dec_util: int = 2
+    temp_c: int = 48
+    power_mw: int = 87_500
+    sm_clock_mhz: int = 1770
+    clock_reasons: int = 0x4
+    mode: int = pynvml.NVML_GPU_VIRTUALIZATION_MODE_NONE
+    vgpus: list[FakeVgpu] = field(default_factory=list)
+    # (instance, timestamp µs, sm %, mem %, enc %, dec %)
+    vgpu_samples: list[tuple[int, int, int, int, int, int]] = field(default_factory=list)
+    # (policy, arr mode, avg factor, timeslice ns) or None when the driver cannot report it
+    scheduler: tuple[int, int, int, int] | None = None
+
+
+_FB_USAGE_PROTOTYPE = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_uint, ctypes.POINTER(ctypes.c_ulonglong))
+
+
+class FakeNvml:
+    """Implements the pynvml functions the agent uses over a list of FakeGpu."""
+
+    NVMLError = pynvml.NVMLError
+
+    def __init__(self, gpus: list[FakeGpu]):
+        for name in dir(pynvml):
+            if name.startswith("NVML_"):
+                setattr(self, name, getattr(pynvml, name))
+        self.gpus = gpus
+        # function name, or (function name, GPU index) -> NVML error code to raise
+        self.errors: dict[object, int] = {}
+        self.calls: Counter[str] = Counter()
+        self.vgpu_utilization_since: list[int] = []
+        self.initialized = False
+        self._c_fb_usage = _FB_USAGE_PROTOTYPE(self._c_vgpu_fb_usage)
+
+    # -- plumbing ---------------------------------------------------------------------------
+
+    def _enter(self, name: str, gpu: FakeGpu | None = None) -> None:
+        self.calls[name] += 1
+        code = self.errors.get(name)
+        if code is None and gpu is not None:
+            code = self.errors.get((name, self.gpus.index(gpu)))
+        if code is not None:
+            raise pynvml.NVMLError(code)
+
+    def _vgpu(self, instance: int) -> tuple[FakeGpu, FakeVgpu]:
+        for gpu in self.gpus:
+            for vgpu in gpu.vgpus:
+                if vgpu.instance == int(instance):
+                    return gpu, vgpu
+        raise pynvml.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+
+    # -- library ----------------------------------------------------------------------------
+
+    def nvmlInit(self):
+        self._enter("nvmlInit")
+        self.initialized = True
+
+    def nvmlShutdown(self):
+        self._enter("nvmlShutdown")
+        self.initialized = False
+
+    def nvmlDeviceGetCount(self):
+        self._enter("nvmlDeviceGetCount")
+        return len(self.gpus)
+
+    def nvmlDeviceGetHandleByIndex(self, index):
+        self._enter("nvmlDeviceGetHandleByIndex")
+        return self.gpus[index]
+
+    # -- identity ---------------------------------------------------------------------------
+
+    def nvmlDeviceGetUUID(self, h):
+        self._enter("nvmlDeviceGetUUID", h)
+        return h.uuid
+
+    def nvmlDeviceGetName(self, h):
+        self._enter("nvmlDeviceGetName", h)
+        return h.name
+
+    def nvmlDeviceGetPciInfo(self, h):
+        self._enter("nvmlDeviceGetPciInfo", h)
+        info = pynvml.nvmlPciInfo_t()
+        info.busId = h.bus_id.encode()
+        return info
+
+    # -- per-GPU metrics --------------------------------------------------------------------
+
+    def nvmlDeviceGetMemoryInfo(self, h):
+        self._enter("nvmlDeviceGetMemoryInfo", h)
+        total, used = h.fb_total_mib * MIB, h.fb_used_mib * MIB
+        return pynvml.c_nvmlMemory_t(total, total - used, used)
+
+    def nvmlDeviceGetUtilizationRates(self, h):
+        self._enter("nvmlDeviceGetUtilizationRates", h)
+        return pynvml.c_nvmlUtilization_t(*h.util)
+
+    def nvmlDeviceGetEncoderUtilization(self, h):
+        self._enter("nvmlDeviceGetEncoderUtilization", h)
+        return [h.enc_util, 167_000]
+
+    def nvmlDeviceGetDecoderUtilization(self, h):
+        self._enter("nvmlDeviceGetDecoderUtilization", h)
+        return [h.dec_util, 167_000]
+
+    def nvmlDeviceGetTemperature(self, h, sensor):
+        self._enter("nvmlDeviceGetTemperature", h)
+        assert sensor == pynvml.NVML_TEMPERATURE_GPU
+        return h.temp_c
+
+    def nvmlDeviceGetPowerUsage(self, h):
+        self._enter("nvmlDeviceGetPowerUsage", h)
+        return h.power_mw
+
+    def nvmlDeviceGetClockInfo(self, h, clock_type):
+        self._enter("nvmlDeviceGetClockInfo", h)
+        assert clock_type == pynvml.NVML_CLOCK_SM
+        return h.sm_clock_mhz
+
+    def nvmlDeviceGetCurrentClocksEventReasons(self, h):
+        self._enter("nvmlDeviceGetCurrentClocksEventReasons", h)
+        return h.clock_reasons
+
+    def nvmlDeviceGetCurrentClocksThrottleReasons(self, h):
+        self._enter("nvmlDeviceGetCurrentClocksThrottleReasons", h)
+        return h.clock_reasons
+
+    def nvmlDeviceGetVirtualizationMode(self, h):
+        self._enter("nvmlDeviceGetVirtualizationMode", h)
+        return h.mode
+
+    # -- vGPU host --------------------------------------------------------------------------
+
+    def _host_only(self, name: str, h: FakeGpu) -> None:
+        self._enter(name, h)
+        if h.mode != pynvml.NVML_GPU_VIRTUALIZATION_MODE_HOST_VGPU:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+
+    def nvmlDeviceGetActiveVgpus(self, h):
+        self._host_only("nvmlDeviceGetActiveVgpus", h)
+        return [v.instance for v in h.vgpus]
+
+    def nvmlDeviceGetVgpuSchedulerState(self, h):
+        self._host_only("nvmlDeviceGetVgpuSchedulerState", h)
+        if h.scheduler is None:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        policy, arr_mode, avg_factor, timeslice_ns = h.scheduler
+        state = pynvml.c_nvmlVgpuSchedulerGetState_t()
+        state.schedulerPolicy = policy
+        state.arrMode = arr_mode
+        if arr_mode == pynvml.NVML_VGPU_SCHEDULER_ARR_ENABLE:
+            state.schedulerParams.vgpuSchedDataWithARR.avgFactor = avg_factor
+            state.schedulerParams.vgpuSchedDataWithARR.timeslice = timeslice_ns
+        else:
+            state.schedulerParams.vgpuSchedData.timeslice = timeslice_ns
+        return state
+
+    def nvmlDeviceGetVgpuUtilization(self, h, last_seen_ts):
+        self._host_only("nvmlDeviceGetVgpuUtilization", h)
+        self.vgpu_utilization_since.append(last_seen_ts)
+        newer = [s for s in h.vgpu_samples if s[1] > last_seen_ts]
+        if not newer:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_FOUND)
+        samples = []
+        for instance, ts, sm, mem, enc, dec in newer:
+            sample = pynvml.c_nvmlVgpuInstanceUtilizationSample_t()
+            sample.vgpuInstance = instance
+            sample.timeStamp = ts
+            sample.smUtil.uiVal, sample.memUtil.uiVal = sm, mem
+            sample.encUtil.uiVal, sample.decUtil.uiVal = enc, dec
+            samples.append(sample)
+        return samples
+
+    def nvmlVgpuInstanceGetVmID(self, instance):
+        gpu, vgpu = self._vgpu(instance)
+        self._enter("nvmlVgpuInstanceGetVmID", gpu)
+        return (vgpu.vm_id, vgpu.vm_id_type)
+
+    def nvmlVgpuInstanceGetUUID(self, instance):
+        gpu, vgpu = self._vgpu(instance)
+        self._enter("nvmlVgpuInstanceGetUUID", gpu)
+        return vgpu.uuid
+
+    def nvmlVgpuInstanceGetType(self, instance):
+        gpu, vgpu = self._vgpu(instance)
+        self._enter("nvmlVgpuInstanceGetType", gpu)
+        return vgpu.type_id
+
+    def nvmlVgpuTypeGetName(self, type_id):
+        self._enter("nvmlVgpuTypeGetName")
+        for gpu in self.gpus:
+            for vgpu in gpu.vgpus:
+                if vgpu.type_id == type_id:
+                    return vgpu.type_name
+        raise pynvml.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+
+    def nvmlVgpuInstanceGetEncoderStats(self, instance):
+        gpu, vgpu = self._vgpu(instance)
+        self._enter("nvmlVgpuInstanceGetEncoderStats", gpu)
+        return vgpu.encoder_stats
+
+    def nvmlVgpuInstanceGetFbUsage(self, instance):
+        """pynvml's wrapper: a c_uint buffer, so the reading wraps at 4 GiB."""
+        gpu, vgpu = self._vgpu(instance)
+        self._enter("nvmlVgpuInstanceGetFbUsage", gpu)
+        return vgpu.fb_usage_bytes & 0xFFFFFFFF
+
+    def _nvmlGetFunctionPointer(self, name):
+        self.calls[f"_nvmlGetFunctionPointer:{name}"] += 1
+        if name != "nvmlVgpuInstanceGetFbUsage":
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
+        return self._c_fb_usage
+
+    def _c_vgpu_fb_usage(self, instance, usage_pointer):
+        """The C entry point: writes an unsigned long long, as the driver does."""
+        gpu, vgpu = self._vgpu(instance)
+        self.calls["C nvmlVgpuInstanceGetFbUsage"] += 1
+        code = self.errors.get("nvmlVgpuInstanceGetFbUsage") or self.errors.get(
+            ("nvmlVgpuInstanceGetFbUsage", self.gpus.index(gpu))
+        )
+        if code:
+            return code
+        usage_pointer[0] = vgpu.fb_usage_bytes
+        return pynvml.NVML_SUCCESS
+
+    # -- calls the poll must never make ------------------------------------------------------
+
+    def nvmlDeviceGetPcieThroughput(self, h, counter):
+        raise AssertionError("nvmlDeviceGetPcieThroughput blocks ~20 ms; it must stay out of the poll")
+
+    def nvmlDeviceGetSamples(self, h, sample_type, last_seen_ts):
+        raise AssertionError("nvmlDeviceGetSamples blocks ~2.6 ms; it must stay out of the poll")
+
+
+def vgpu_host(**overrides) -> FakeGpu:
+    """A Quadro RTX 6000 in vGPU host mode with two RTX6000-12Q instances (7 and 9)."""
+    gpu = FakeGpu(
+        mode=pynvml.NVML_GPU_VIRTUALIZATION_MODE_HOST_VGPU,
+        vgpus=[
+            FakeVgpu(instance=7, uuid="vgpu-aaaa", vm_id="vm-uuid-modeling", fb_usage_bytes=5 * GIB + 512 * MIB),
+            FakeVgpu(instance=9, uuid="vgpu-bbbb", vm_id="vm-uuid-texturing", fb_usage_bytes=3 * GIB),
+        ],
+        vgpu_samples=[(7, 1_000, 30, 10, 4, 0), (9, 1_000, 60, 20, 8, 1)],
+        scheduler=(pynvml.NVML_VGPU_SCHEDULER_POLICY_BEST_EFFORT, pynvml.NVML_VGPU_SCHEDULER_ARR_DISABLE, 0, 2_000_000),
+    )
+    for name, value in overrides.items():
+        setattr(gpu, name, value)
+    return gpu

@@ -1,0 +1,331 @@
+"""The NVML backend against a fake pynvml: what a poll reports when NVML says no, and vGPU hosts."""
+
+from __future__ import annotations
+
+import json
+
+import pynvml
+import pytest
+
+from telemetry.agent.nvml_backend import NvmlBackend
+from telemetry.tests.fake_nvml import GIB, MIB, FakeGpu, FakeNvml, FakeVgpu, vgpu_host
+
+# NVML function -> protocol fields it feeds.
+METRIC_CALLS = [
+    ("nvmlDeviceGetUtilizationRates", ("util_gpu", "util_mem")),
+    ("nvmlDeviceGetEncoderUtilization", ("enc_util",)),
+    ("nvmlDeviceGetDecoderUtilization", ("dec_util",)),
+    ("nvmlDeviceGetTemperature", ("temp_c",)),
+    ("nvmlDeviceGetPowerUsage", ("power_w",)),
+    ("nvmlDeviceGetClockInfo", ("sm_clock_mhz",)),
+    ("nvmlDeviceGetCurrentClocksEventReasons", ("clocks_event_reasons",)),
+    ("nvmlDeviceGetVirtualizationMode", ("virtualization_mode",)),
+    ("nvmlDeviceGetMemoryInfo", ("fb_used_mib", "fb_total_mib")),
+    ("nvmlDeviceGetUUID", ("uuid",)),
+    ("nvmlDeviceGetName", ("name",)),
+    ("nvmlDeviceGetPciInfo", ("pci_bus_id",)),
+]
+ALL_FIELDS = {field for _, fields in METRIC_CALLS for field in fields}
+
+
+def poll(backend: NvmlBackend) -> dict:
+    """One poll of the single GPU, through JSON as the collector will see it."""
+    return json.loads(json.dumps(backend.collect()))[0]
+
+
+def test_bare_metal_gpu_reports_every_metric_in_protocol_units():
+    nvml = FakeNvml([FakeGpu()])
+    gpu = poll(NvmlBackend(nvml))
+
+    assert gpu == {
+        "uuid": "GPU-11111111-2222-3333-4444-555555555555",
+        "index": 0,
+        "name": "Quadro RTX 6000",
+        "pci_bus_id": "00000000:3B:00.0",
+        "fb_total_mib": 24576,
+        "virtualization_mode": "none",
+        "util_gpu": 37,
+        "util_mem": 12,
+        "fb_used_mib": 3072,
+        "enc_util": 5,
+        "dec_util": 2,
+        "temp_c": 48,
+        "power_w": 87.5,
+        "sm_clock_mhz": 1770,
+        "clocks_event_reasons": 4,
+        "scheduler": None,
+        "vgpus": [],
+        "errors": {},
+    }
+    # Not a vGPU host: no vGPU call is even attempted.
+    assert not [name for name in nvml.calls if "Vgpu" in name]
+
+
+@pytest.mark.parametrize(("function", "fields"), METRIC_CALLS, ids=[f for f, _ in METRIC_CALLS])
+def test_not_supported_metric_is_null_and_never_asked_again(function, fields):
+    nvml = FakeNvml([FakeGpu()])
+    nvml.errors[function] = pynvml.NVML_ERROR_NOT_SUPPORTED
+    backend = NvmlBackend(nvml)
+
+    first = poll(backend)
+    calls_after_first = nvml.calls[function]
+    second = poll(backend)
+
+    for snapshot in (first, second):
+        for field in fields:
+            assert snapshot[field] is None, f"{field} must be null, not {snapshot[field]!r}"
+        others = ALL_FIELDS - set(fields)
+        assert all(snapshot[f] is not None for f in others), {f: snapshot[f] for f in others}
+        assert snapshot["errors"] == {}, "NOT_SUPPORTED is a property of the GPU, not an error"
+    assert nvml.calls[function] == calls_after_first, "the unsupported call was retried"
+
+
+def test_transient_error_loses_only_its_metric_and_is_retried():
+    nvml = FakeNvml([FakeGpu()])
+    nvml.errors["nvmlDeviceGetTemperature"] = pynvml.NVML_ERROR_GPU_IS_LOST
+    backend = NvmlBackend(nvml)
+
+    broken = poll(backend)
+    assert broken["temp_c"] is None
+    assert broken["errors"] == {"temp_c": "GPU is lost"}
+    assert broken["util_gpu"] == 37
+    assert broken["power_w"] == 87.5
+    assert broken["fb_used_mib"] == 3072
+
+    del nvml.errors["nvmlDeviceGetTemperature"]
+    healed = poll(backend)
+    assert healed["temp_c"] == 48
+    assert healed["errors"] == {}
+
+
+def test_error_on_one_gpu_leaves_the_other_gpu_complete():
+    nvml = FakeNvml([FakeGpu(), FakeGpu(uuid="GPU-second", bus_id="00000000:5E:00.0")])
+    nvml.errors[("nvmlDeviceGetPowerUsage", 0)] = pynvml.NVML_ERROR_NOT_SUPPORTED
+    nvml.errors[("nvmlDeviceGetUtilizationRates", 0)] = pynvml.NVML_ERROR_UNKNOWN
+
+    first, second = NvmlBackend(nvml).collect()
+
+    assert first["power_w"] is None
+    assert first["util_gpu"] is None
+    assert first["temp_c"] == 48
+    assert second["power_w"] == 87.5
+    assert second["util_gpu"] == 37
+    assert second["uuid"] == "GPU-second"
+
+
+def test_older_driver_without_clocks_event_reasons_falls_back_to_throttle_reasons():
+    nvml = FakeNvml([FakeGpu(clock_reasons=0x1)])
+    nvml.errors["nvmlDeviceGetCurrentClocksEventReasons"] = pynvml.NVML_ERROR_FUNCTION_NOT_FOUND
+    backend = NvmlBackend(nvml)
+
+    poll(backend)
+    gpu = poll(backend)
+
+    assert gpu["clocks_event_reasons"] == 1
+    assert nvml.calls["nvmlDeviceGetCurrentClocksEventReasons"] == 1
+    assert nvml.calls["nvmlDeviceGetCurrentClocksThrottleReasons"] == 2
+
+
+def test_older_pynvml_without_clocks_event_reasons_uses_throttle_reasons():
+    class OldPynvml(FakeNvml):
+        nvmlDeviceGetCurrentClocksEventReasons = None
+
+    nvml = OldPynvml([FakeGpu(clock_reasons=0x4)])
+    assert poll(NvmlBackend(nvml))["clocks_event_reasons"] == 4
+
+
+def test_identity_is_read_once():
+    nvml = FakeNvml([FakeGpu()])
+    backend = NvmlBackend(nvml)
+    for _ in range(3):
+        poll(backend)
+
+    assert nvml.calls["nvmlDeviceGetUUID"] == 1
+    assert nvml.calls["nvmlDeviceGetPciInfo"] == 1
+    assert nvml.calls["nvmlDeviceGetUtilizationRates"] == 3
+
+
+def test_vgpu_host_reports_each_vgpu_with_its_vm_and_profile():
+    nvml = FakeNvml([vgpu_host()])
+    gpu = poll(NvmlBackend(nvml))
+
+    assert gpu["virtualization_mode"] == "vgpu_host"
+    assert gpu["scheduler"] == {
+        "policy": "best_effort",
+        "arr_mode": "disabled",
+        "avg_factor": None,
+        "timeslice_ms": 2.0,
+        "frequency_hz": None,
+    }
+    assert gpu["vgpus"] == [
+        {
+            "instance_id": 7,
+            "vgpu_uuid": "vgpu-aaaa",
+            "vm_uuid": "vm-uuid-modeling",
+            "vm_id": "vm-uuid-modeling",
+            "vm_id_type": "uuid",
+            "vm_name": None,
+            "type_name": "GRID RTX6000-12Q",
+            "fb_used_mib": 5632,
+            "util_gpu": 30,
+            "util_mem": 10,
+            "enc_util": 4,
+            "dec_util": 0,
+            "enc_sessions": 1,
+            "enc_fps": 60,
+            "enc_latency_us": 2800,
+        },
+        {
+            "instance_id": 9,
+            "vgpu_uuid": "vgpu-bbbb",
+            "vm_uuid": "vm-uuid-texturing",
+            "vm_id": "vm-uuid-texturing",
+            "vm_id_type": "uuid",
+            "vm_name": None,
+            "type_name": "GRID RTX6000-12Q",
+            "fb_used_mib": 3072,
+            "util_gpu": 60,
+            "util_mem": 20,
+            "enc_util": 8,
+            "dec_util": 1,
+            "enc_sessions": 1,
+            "enc_fps": 60,
+            "enc_latency_us": 2800,
+        },
+    ]
+    assert gpu["errors"] == {}
+
+
+def test_vgpu_utilization_is_read_incrementally_and_kept_when_no_new_sample():
+    host = vgpu_host()
+    nvml = FakeNvml([host])
+    backend = NvmlBackend(nvml)
+
+    first = poll(backend)
+    second = poll(backend)  # NVML answers NOT_FOUND: nothing newer than timestamp 1000
+    host.vgpu_samples.append((7, 2_000, 85, 40, 9, 2))  # only instance 7 has a new sample
+    third = poll(backend)
+    fourth = poll(backend)
+
+    assert nvml.vgpu_utilization_since == [0, 1_000, 1_000, 2_000]
+    utils = [[v["util_gpu"] for v in snapshot["vgpus"]] for snapshot in (first, second, third, fourth)]
+    assert utils == [[30, 60], [30, 60], [85, 60], [85, 60]]
+    assert third["vgpus"][0]["util_mem"] == 40
+    assert all(snapshot["errors"] == {} for snapshot in (second, fourth)), "NOT_FOUND is no error"
+
+
+def test_vgpu_frame_buffer_above_4_gib_is_not_wrapped():
+    host = vgpu_host()
+    host.vgpus[0].fb_usage_bytes = 20 * GIB + 5 * MIB  # a 24Q VM using 20 GiB
+    nvml = FakeNvml([host])
+
+    gpu = poll(NvmlBackend(nvml))
+
+    assert gpu["vgpus"][0]["fb_used_mib"] == 20 * 1024 + 5
+    # pynvml's own 32-bit wrapper would have said 5 MiB.
+    assert nvml.nvmlVgpuInstanceGetFbUsage(7) // MIB == 5
+    assert nvml.calls["C nvmlVgpuInstanceGetFbUsage"] == 2
+
+
+def test_vgpu_metric_not_supported_is_null_without_losing_the_vgpu():
+    nvml = FakeNvml([vgpu_host(scheduler=None)])
+    nvml.errors["nvmlVgpuInstanceGetEncoderStats"] = pynvml.NVML_ERROR_NOT_SUPPORTED
+    nvml.errors["nvmlVgpuInstanceGetFbUsage"] = pynvml.NVML_ERROR_NOT_SUPPORTED
+    backend = NvmlBackend(nvml)
+
+    poll(backend)
+    gpu = poll(backend)
+
+    assert gpu["scheduler"] is None
+    modeling = gpu["vgpus"][0]
+    assert modeling["vgpu_uuid"] == "vgpu-aaaa"
+    assert modeling["util_gpu"] == 30
+    assert modeling["fb_used_mib"] is None
+    assert modeling["enc_sessions"] is None
+    assert modeling["enc_fps"] is None
+    assert nvml.calls["nvmlVgpuInstanceGetEncoderStats"] == 1, "unsupported: asked once, on the first vGPU"
+    assert nvml.calls["C nvmlVgpuInstanceGetFbUsage"] == 1
+
+
+def test_vgpu_utilization_not_supported_gives_null_utilization():
+    nvml = FakeNvml([vgpu_host()])
+    nvml.errors["nvmlDeviceGetVgpuUtilization"] = pynvml.NVML_ERROR_NOT_SUPPORTED
+
+    gpu = poll(NvmlBackend(nvml))
+
+    assert [v["util_gpu"] for v in gpu["vgpus"]] == [None, None]
+    assert [v["fb_used_mib"] for v in gpu["vgpus"]] == [5632, 3072]
+
+
+def test_vgpu_identity_is_cached_until_the_instance_goes_away():
+    host = vgpu_host()
+    nvml = FakeNvml([host])
+    backend = NvmlBackend(nvml)
+    poll(backend)
+    poll(backend)
+    assert nvml.calls["nvmlVgpuInstanceGetVmID"] == 2  # once per instance
+
+    # The texturing VM stops; another VM starts and NVML reuses instance id 9.
+    host.vgpus.pop(1)
+    assert [v["vm_uuid"] for v in poll(backend)["vgpus"]] == ["vm-uuid-modeling"]
+    host.vgpus.append(FakeVgpu(instance=9, uuid="vgpu-cccc", vm_id="vm-uuid-lighting"))
+    gpu = poll(backend)
+
+    assert [v["vm_uuid"] for v in gpu["vgpus"]] == ["vm-uuid-modeling", "vm-uuid-lighting"]
+    assert gpu["vgpus"][1]["util_gpu"] is None, "the old VM's utilization must not carry over"
+
+
+def test_domain_vm_ids_are_not_reported_as_vm_uuids():
+    host = vgpu_host()
+    host.vgpus[0].vm_id = "42"
+    host.vgpus[0].vm_id_type = pynvml.NVML_VGPU_VM_ID_DOMAIN_ID
+
+    vgpu = poll(NvmlBackend(FakeNvml([host])))["vgpus"][0]
+
+    assert vgpu["vm_uuid"] is None
+    assert (vgpu["vm_id"], vgpu["vm_id_type"]) == ("42", "domain")
+
+
+def test_scheduler_with_adaptive_round_robin_reports_frequency_and_averaging_factor():
+    host = vgpu_host(
+        scheduler=(pynvml.NVML_VGPU_SCHEDULER_POLICY_EQUAL_SHARE, pynvml.NVML_VGPU_SCHEDULER_ARR_ENABLE, 33, 2_083_333)
+    )
+
+    scheduler = poll(NvmlBackend(FakeNvml([host])))["scheduler"]
+
+    assert scheduler["policy"] == "equal_share"
+    assert scheduler["arr_mode"] == "enabled"
+    assert scheduler["avg_factor"] == 33
+    assert scheduler["frequency_hz"] == 480
+    assert scheduler["timeslice_ms"] == pytest.approx(2.083, abs=1e-3)
+
+
+def test_poll_never_makes_blocking_calls():
+    # The fake fails the test from inside nvmlDeviceGetPcieThroughput / nvmlDeviceGetSamples.
+    nvml = FakeNvml([FakeGpu(), vgpu_host()])
+    backend = NvmlBackend(nvml)
+    for _ in range(3):
+        backend.collect()
+    assert "nvmlDeviceGetPcieThroughput" not in nvml.calls
+    assert "nvmlDeviceGetSamples" not in nvml.calls
+
+
+def test_close_shuts_nvml_down():
+    nvml = FakeNvml([FakeGpu()])
+    backend = NvmlBackend(nvml)
+    assert nvml.initialized
+    backend.close()
+    assert not nvml.initialized
+
+
+def test_gpu_that_cannot_be_opened_is_left_out_and_the_others_reported():
+    class OneGpuLost(FakeNvml):
+        def nvmlDeviceGetHandleByIndex(self, index):
+            if index == 0:
+                raise pynvml.NVMLError(pynvml.NVML_ERROR_GPU_IS_LOST)
+            return super().nvmlDeviceGetHandleByIndex(index)
+
+    nvml = OneGpuLost([FakeGpu(uuid="GPU-lost"), FakeGpu(uuid="GPU-fine")])
+    (gpu,) = NvmlBackend(nvml).collect()
+
+    assert (gpu["uuid"], gpu["index"]) == ("GPU-fine", 1)
