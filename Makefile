@@ -16,8 +16,19 @@ $(VENV)/.installed: requirements.txt requirements-dev.txt
 
 install: $(VENV)/.installed
 
-run: install
+# The demo logins are generated once and kept in var/ (ignored by git), so every `make run`
+# prints the same working passwords; DEMO_ADMIN_PASSWORD / DEMO_ARTIST_PASSWORD override them.
+DEMO_SECRETS := var/demo-admin-password var/demo-artist-password
+
+$(DEMO_SECRETS): | $(VENV)/.installed
+	mkdir -p var
+	$(BIN)/python -c "import secrets; print(secrets.token_urlsafe(12))" > $@
+	chmod 600 $@
+
+run: install $(DEMO_SECRETS)
 	$(BIN)/python manage.py migrate --noinput
+	DEMO_ADMIN_PASSWORD="$${DEMO_ADMIN_PASSWORD:-$$(cat var/demo-admin-password)}" \
+	DEMO_ARTIST_PASSWORD="$${DEMO_ARTIST_PASSWORD:-$$(cat var/demo-artist-password)}" \
 	$(BIN)/python manage.py seed_demo
 	@echo "Serving http://$(HOST):$(PORT)/  (admin site: http://$(HOST):$(PORT)/admin/, API: /api/v1/, docs: /api/docs/)"
 	$(BIN)/python manage.py runserver $(HOST):$(PORT)
