@@ -34,6 +34,7 @@ class GpuModel(models.Model):
 
     class Meta:
         ordering = ["name"]
+        verbose_name = "GPU model"
         constraints = [
             models.CheckConstraint(condition=Q(fb_mib__gt=0), name="gpumodel_fb_positive"),
             models.CheckConstraint(condition=Q(gpus_per_board__gte=1), name="gpumodel_gpus_per_board_min_1"),
@@ -54,7 +55,9 @@ class VgpuProfile(models.Model):
     """A vGPU type of one GPU model (e.g. RTX6000-12Q) and how many fit on one GPU."""
 
     name = models.CharField(max_length=60, unique=True)
-    gpu_model = models.ForeignKey(GpuModel, on_delete=models.PROTECT, related_name="profiles")
+    gpu_model = models.ForeignKey(
+        GpuModel, on_delete=models.PROTECT, related_name="profiles", verbose_name="GPU model",
+    )
     series = models.CharField(max_length=1, choices=Series.choices)
     fb_mib = models.PositiveIntegerField(help_text="Frame buffer of one vGPU, MiB")
     max_per_gpu = models.PositiveSmallIntegerField(help_text="Maximum per GPU in equal-size mode")
@@ -69,6 +72,7 @@ class VgpuProfile(models.Model):
 
     class Meta:
         ordering = ["gpu_model__name", "-fb_mib", "series"]
+        verbose_name = "vGPU profile"
         constraints = [
             models.CheckConstraint(condition=Q(fb_mib__gt=0), name="vgpuprofile_fb_positive"),
             models.CheckConstraint(condition=Q(max_per_gpu__gte=1), name="vgpuprofile_max_per_gpu_min_1"),
@@ -137,15 +141,18 @@ class Gpu(models.Model):
     """One physical GPU in a host (an A16 board shows up as four of these)."""
 
     host = models.ForeignKey(Host, on_delete=models.PROTECT, related_name="gpus")
-    gpu_model = models.ForeignKey(GpuModel, on_delete=models.PROTECT, related_name="gpus")
-    uuid = models.CharField(max_length=80, blank=True, help_text="GPU UUID as NVML reports it (GPU-...)")
-    pci_bus_id = models.CharField(max_length=32, help_text="e.g. 00000000:3B:00.0")
+    gpu_model = models.ForeignKey(GpuModel, on_delete=models.PROTECT, related_name="gpus", verbose_name="GPU model")
+    uuid = models.CharField(
+        "UUID", max_length=80, blank=True, help_text="GPU UUID as NVML reports it (GPU-...)",
+    )
+    pci_bus_id = models.CharField("PCI bus id", max_length=32, help_text="e.g. 00000000:3B:00.0")
     mode = models.CharField(max_length=12, choices=GpuMode.choices, default=GpuMode.VGPU)
     size_mode = models.CharField(max_length=8, choices=SizeMode.choices, default=SizeMode.EQUAL)
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
         ordering = ["host__name", "pci_bus_id"]
+        verbose_name = "GPU"
         constraints = [
             models.UniqueConstraint(fields=["host", "pci_bus_id"], name="gpu_unique_host_pci_bus_id"),
             models.UniqueConstraint(fields=["uuid"], condition=~Q(uuid=""), name="gpu_unique_uuid"),
@@ -193,8 +200,8 @@ class VirtualMachine(models.Model):
     uuid = models.UUIDField(default=uuid.uuid4, unique=True, help_text="The hypervisor's VM UUID")
     artist = models.ForeignKey(Artist, null=True, blank=True, on_delete=models.SET_NULL, related_name="vms")
     host = models.ForeignKey(Host, null=True, blank=True, on_delete=models.PROTECT, related_name="vms")
-    vcpus = models.PositiveIntegerField(default=8)
-    ram_gib = models.PositiveIntegerField(default=32)
+    vcpus = models.PositiveIntegerField("vCPUs", default=8)
+    ram_gib = models.PositiveIntegerField("RAM, GiB", default=32)
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
@@ -213,8 +220,8 @@ class VirtualMachine(models.Model):
 class Vgpu(models.Model):
     """One vGPU of a VM, of one profile, on one physical GPU. Created only through placement."""
 
-    vm = models.ForeignKey(VirtualMachine, on_delete=models.CASCADE, related_name="vgpus")
-    gpu = models.ForeignKey(Gpu, on_delete=models.PROTECT, related_name="vgpus")
+    vm = models.ForeignKey(VirtualMachine, on_delete=models.CASCADE, related_name="vgpus", verbose_name="VM")
+    gpu = models.ForeignKey(Gpu, on_delete=models.PROTECT, related_name="vgpus", verbose_name="GPU")
     profile = models.ForeignKey(VgpuProfile, on_delete=models.PROTECT, related_name="vgpus")
     placement_id = models.PositiveSmallIntegerField(
         help_text="Slot on the GPU: index in equal-size mode, aligned grid offset in mixed-size mode",
