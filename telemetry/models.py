@@ -1,1 +1,277 @@
-"""Agents, samples and rollups of GPU and vGPU metrics are collected here (see DESIGN.md)."""
+"""Telemetry: the sources we collect from, raw GPU and vGPU samples, rollups and drift.
+
+Raw samples are unique per entity and timestamp, so a repeated poll or a re-sent document
+stores nothing twice. Charts and sizing read the rollups (5-minute and 1-hour buckets with
+avg, max and p95), which resumable tasks build behind a checkpoint.
+"""
+
+import hashlib
+import hmac
+import secrets
+
+from django.conf import settings
+from django.db import models
+from django.db.models import Q
+from django.utils import timezone
+
+from fleet.models import Gpu, Host, Vgpu, VirtualMachine
+
+
+class AgentKind(models.TextChoices):
+    NVML = "nvml", "Fleet agent (NVML)"
+    DCGM_EXPORTER = "dcgm-exporter", "dcgm-exporter (Prometheus text)"
+    NVIDIA_SMI = "nvidia-smi", "nvidia-smi -q -x documents (pushed)"
+
+
+class AgentStatus(models.TextChoices):
+    NEW = "new", "Never seen"
+    OK = "ok", "OK"
+    STALE = "stale", "Stale"
+    ERROR = "error", "Error"
+    DISABLED = "disabled", "Disabled"
+
+
+class Agent(models.Model):
+    """A source of samples: an agent we poll (nvml, dcgm-exporter) or one that pushes (nvidia-smi).
+
+    Its bearer token is never stored: it is derived from AGENT_TOKEN_KEY and a per-agent
+    salt (`token`), so the collector can present it to the agent while a copy of the
+    database alone reveals none; `token_sha256` lets ingest verify a pushed token cheaply.
+    """
+
+    name = models.CharField(max_length=100, unique=True)
+    kind = models.CharField(max_length=20, choices=AgentKind.choices, default=AgentKind.NVML)
+    url = models.URLField(
+        "URL", blank=True,
+        help_text="Base URL polled: http://host:9410 (agent) or http://host:9400/metrics (dcgm-exporter); "
+                  "empty for nvidia-smi pushes",
+    )
+    host = models.ForeignKey(
+        Host, null=True, blank=True, on_delete=models.SET_NULL, related_name="agents",
+        help_text="Host whose GPUs this source reports; discovered GPUs attach to it",
+    )
+    enabled = models.BooleanField(default=True)
+    timeout_s = models.FloatField("timeout, s", default=3.0)
+    token_salt = models.CharField(max_length=64, editable=False)
+    token_sha256 = models.CharField(max_length=64, editable=False, db_index=True)
+    last_seen = models.DateTimeField(null=True, blank=True, help_text="Last successful collection")
+    last_attempt = models.DateTimeField(null=True, blank=True)
+    last_error = models.TextField(blank=True)
+    last_error_at = models.DateTimeField(null=True, blank=True)
+    consecutive_failures = models.PositiveIntegerField(default=0)
+    clock_skew_s = models.FloatField(null=True, blank=True, help_text="Agent clock minus ours at last poll")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["name"]
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(kind="nvidia-smi") | ~Q(url=""), name="agent_polled_kinds_need_url",
+            ),
+            models.CheckConstraint(condition=Q(timeout_s__gt=0), name="agent_timeout_positive"),
+        ]
+        indexes = [models.Index(fields=["enabled", "kind"], name="agent_enabled_kind_idx")]
+
+    def __str__(self):
+        return self.name
+
+    def save(self, *args, **kwargs):
+        if not self.token_salt:
+            self.rotate_token()
+        super().save(*args, **kwargs)
+
+    @property
+    def token(self) -> str:
+        """The bearer token the agent expects; derived, so rotating the salt revokes it."""
+        key = (settings.AGENT_TOKEN_KEY or settings.SECRET_KEY).encode()
+        return hmac.new(key, f"agent:{self.token_salt}".encode(), hashlib.sha256).hexdigest()
+
+    def rotate_token(self) -> str:
+        """Give the agent a new token (call save() afterwards) and return it: shown once."""
+        self.token_salt = secrets.token_hex(16)
+        self.token_sha256 = hashlib.sha256(self.token.encode()).hexdigest()
+        return self.token
+
+    @property
+    def status(self) -> str:
+        """ok / stale / error / new / disabled, judged from the last attempt and success."""
+        if not self.enabled:
+            return AgentStatus.DISABLED
+        if self.last_error_at and (self.last_seen is None or self.last_error_at > self.last_seen):
+            return AgentStatus.ERROR
+        if self.last_seen is None:
+            return AgentStatus.NEW
+        stale_after = timezone.timedelta(seconds=settings.TELEMETRY_STALE_AFTER_S)
+        if timezone.now() - self.last_seen > stale_after:
+            return AgentStatus.STALE
+        return AgentStatus.OK
+
+
+class GpuSample(models.Model):
+    """One reading of a physical GPU. A metric the GPU does not support is NULL, never 0."""
+
+    id = models.BigAutoField(primary_key=True)
+    gpu = models.ForeignKey(Gpu, on_delete=models.CASCADE, related_name="samples")
+    ts = models.DateTimeField()
+    util_gpu = models.FloatField(null=True)
+    util_mem = models.FloatField(null=True)
+    fb_used_mib = models.FloatField(null=True)
+    fb_total_mib = models.FloatField(null=True)
+    enc_util = models.FloatField(null=True)
+    dec_util = models.FloatField(null=True)
+    temp_c = models.FloatField(null=True)
+    power_w = models.FloatField(null=True)
+    sm_clock_mhz = models.FloatField(null=True)
+
+    class Meta:
+        ordering = ["gpu_id", "ts"]
+        constraints = [models.UniqueConstraint(fields=["gpu", "ts"], name="gpusample_unique_gpu_ts")]
+        # Retention deletes by age across all GPUs.
+        indexes = [models.Index(fields=["ts"], name="gpusample_ts_idx")]
+
+    def __str__(self):
+        return f"GPU {self.gpu_id} at {self.ts:%Y-%m-%d %H:%M:%S}"
+
+
+class VgpuSample(models.Model):
+    """One reading of one vGPU, kept per VM (the sizing subject) and GPU.
+
+    `vgpu` points at the inventory row while it exists; a VM's history survives a resize
+    that replaces its vGPU row. Utilization figures are shares of the physical GPU.
+    """
+
+    id = models.BigAutoField(primary_key=True)
+    vm = models.ForeignKey(VirtualMachine, on_delete=models.CASCADE, related_name="samples")
+    gpu = models.ForeignKey(Gpu, on_delete=models.CASCADE, related_name="vgpu_samples")
+    vgpu = models.ForeignKey(Vgpu, null=True, blank=True, on_delete=models.SET_NULL, related_name="samples")
+    ts = models.DateTimeField()
+    fb_used_mib = models.FloatField(null=True)
+    util_gpu = models.FloatField(null=True)
+    util_mem = models.FloatField(null=True)
+    enc_util = models.FloatField(null=True)
+    dec_util = models.FloatField(null=True)
+
+    class Meta:
+        ordering = ["vm_id", "ts"]
+        constraints = [models.UniqueConstraint(fields=["vm", "gpu", "ts"], name="vgpusample_unique_vm_gpu_ts")]
+        indexes = [models.Index(fields=["ts"], name="vgpusample_ts_idx")]
+
+    def __str__(self):
+        return f"VM {self.vm_id} on GPU {self.gpu_id} at {self.ts:%Y-%m-%d %H:%M:%S}"
+
+
+ROLLUP_STEPS_S = (300, 3600)
+
+
+class RollupFields(models.Model):
+    """Aggregates of one bucket: avg, max and p95 of utilization and frame buffer."""
+
+    step_s = models.PositiveIntegerField(help_text="Bucket width: 300 or 3600 seconds")
+    bucket = models.DateTimeField(help_text="Start of the bucket")
+    samples = models.PositiveIntegerField()
+    util_gpu_avg = models.FloatField(null=True)
+    util_gpu_max = models.FloatField(null=True)
+    util_gpu_p95 = models.FloatField(null=True)
+    util_mem_avg = models.FloatField(null=True)
+    util_mem_max = models.FloatField(null=True)
+    fb_used_mib_avg = models.FloatField(null=True)
+    fb_used_mib_max = models.FloatField(null=True)
+    fb_used_mib_p95 = models.FloatField(null=True)
+    enc_util_avg = models.FloatField(null=True)
+    enc_util_max = models.FloatField(null=True)
+    dec_util_avg = models.FloatField(null=True)
+    dec_util_max = models.FloatField(null=True)
+
+    class Meta:
+        abstract = True
+
+
+class GpuRollup(RollupFields):
+    """A physical GPU over one bucket, with its temperature, power and clock."""
+
+    id = models.BigAutoField(primary_key=True)
+    gpu = models.ForeignKey(Gpu, on_delete=models.CASCADE, related_name="rollups")
+    fb_total_mib = models.FloatField(null=True)
+    temp_c_avg = models.FloatField(null=True)
+    temp_c_max = models.FloatField(null=True)
+    power_w_avg = models.FloatField(null=True)
+    power_w_max = models.FloatField(null=True)
+    sm_clock_mhz_avg = models.FloatField(null=True)
+
+    class Meta:
+        ordering = ["gpu_id", "step_s", "bucket"]
+        constraints = [
+            models.UniqueConstraint(fields=["gpu", "step_s", "bucket"], name="gpurollup_unique_gpu_step_bucket"),
+        ]
+        indexes = [models.Index(fields=["step_s", "bucket"], name="gpurollup_step_bucket_idx")]
+
+    def __str__(self):
+        return f"GPU {self.gpu_id} {self.step_s}s bucket {self.bucket:%Y-%m-%d %H:%M}"
+
+
+class VmRollup(RollupFields):
+    """A VM's vGPUs over one bucket: frame buffer summed over its vGPUs, utilization their max."""
+
+    id = models.BigAutoField(primary_key=True)
+    vm = models.ForeignKey(VirtualMachine, on_delete=models.CASCADE, related_name="rollups")
+    profile_fb_mib = models.FloatField(null=True, help_text="Frame buffer the VM's profiles gave it then")
+
+    class Meta:
+        ordering = ["vm_id", "step_s", "bucket"]
+        constraints = [
+            models.UniqueConstraint(fields=["vm", "step_s", "bucket"], name="vmrollup_unique_vm_step_bucket"),
+        ]
+        indexes = [models.Index(fields=["step_s", "bucket"], name="vmrollup_step_bucket_idx")]
+
+    def __str__(self):
+        return f"VM {self.vm_id} {self.step_s}s bucket {self.bucket:%Y-%m-%d %H:%M}"
+
+
+class RollupCheckpoint(models.Model):
+    """How far a rollup series is complete: buckets before `done_until` are final.
+
+    A task resumes from here and redoes a half-finished bucket, as Zulip's analytics do.
+    """
+
+    name = models.CharField(max_length=40, unique=True)
+    done_until = models.DateTimeField()
+    updated_at = models.DateTimeField(auto_now=True)
+
+    def __str__(self):
+        return f"{self.name} until {self.done_until:%Y-%m-%d %H:%M}"
+
+
+class DriftKind(models.TextChoices):
+    UNKNOWN_GPU = "unknown_gpu", "GPU reported but not in inventory (discovered)"
+    GPU_ELSEWHERE = "gpu_elsewhere", "GPU reported by another host than the inventory says"
+    GPU_MODEL = "gpu_model", "GPU model differs from the inventory"
+    UNKNOWN_VM = "unknown_vm", "vGPU of a VM the inventory does not know"
+    VGPU_MISSING = "vgpu_missing", "vGPU running that the inventory does not declare"
+    PROFILE = "profile", "vGPU type differs from the declared profile"
+
+
+class Drift(models.Model):
+    """A difference between what a source reports and what the inventory declares.
+
+    Shown to admins, never applied silently: the inventory stays the admin's word.
+    """
+
+    agent = models.ForeignKey(Agent, null=True, blank=True, on_delete=models.CASCADE, related_name="drifts")
+    kind = models.CharField(max_length=20, choices=DriftKind.choices)
+    subject = models.CharField(max_length=120, help_text="UUID or name the difference is about")
+    detail = models.TextField()
+    reported = models.JSONField(default=dict, blank=True)
+    first_seen = models.DateTimeField(default=timezone.now)
+    last_seen = models.DateTimeField(default=timezone.now)
+    resolved_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-last_seen"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["kind", "subject"], condition=Q(resolved_at__isnull=True), name="drift_unique_open",
+            ),
+        ]
+
+    def __str__(self):
+        return f"{self.get_kind_display()}: {self.subject}"
