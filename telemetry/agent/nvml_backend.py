@@ -45,6 +45,7 @@ GPU_METRICS = (
     "util_gpu",
     "util_mem",
     "fb_used_mib",
+    "fb_reserved_mib",
     "enc_util",
     "dec_util",
     "temp_c",
@@ -69,6 +70,9 @@ def _apply_utilization(out: dict, value: Any) -> None:
 
 def _apply_memory(out: dict, value: Any) -> None:
     out["fb_used_mib"] = value.used // MIB
+    reserved = getattr(value, "reserved", None)
+    if reserved is not None:
+        out["fb_reserved_mib"] = reserved // MIB
 
 
 def _apply_encoder(out: dict, value: Any) -> None:
@@ -171,6 +175,24 @@ class NvmlBackend:
     def gpu_count(self) -> int:
         return len(self._gpus)
 
+    def _memory_info(self, handle: Any) -> Any:
+        """Frame buffer use as nvidia-smi shows it.
+
+        The v1 call counts the driver's reserved memory as used (measured on an H200: 615 MiB
+        "used" on an idle GPU where nvidia-smi says 0), so we ask for v2, which reports
+        reserved memory apart, and fall back to v1 on drivers or bindings without it.
+        """
+        version = getattr(self.nvml, "nvmlMemory_v2", None)
+        if version is not None:
+            try:
+                return self.nvml.nvmlDeviceGetMemoryInfo(handle, version=version)
+            except TypeError:
+                pass
+            except self._error as exc:
+                if exc.value not in self._permanent_codes:
+                    raise
+        return self.nvml.nvmlDeviceGetMemoryInfo(handle)
+
     def _prepare(self, gpu: _Gpu) -> None:
         nvml, h = self.nvml, gpu.handle
         gpu.identity_readers = [
@@ -185,7 +207,7 @@ class NvmlBackend:
         readers = [
             ["virtualization_mode", nvml.nvmlDeviceGetVirtualizationMode, (h,), _apply_virtualization_mode],
             ["utilization", nvml.nvmlDeviceGetUtilizationRates, (h,), _apply_utilization],
-            ["fb_used_mib", nvml.nvmlDeviceGetMemoryInfo, (h,), _apply_memory],
+            ["fb_used_mib", self._memory_info, (h,), _apply_memory],
             ["enc_util", nvml.nvmlDeviceGetEncoderUtilization, (h,), _apply_encoder],
             ["dec_util", nvml.nvmlDeviceGetDecoderUtilization, (h,), _apply_decoder],
             ["temp_c", nvml.nvmlDeviceGetTemperature, (h, nvml.NVML_TEMPERATURE_GPU), _apply_temperature],

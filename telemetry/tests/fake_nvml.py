@@ -39,6 +39,7 @@ class FakeGpu:
     bus_id: str = "00000000:3B:00.0"
     fb_total_mib: int = 24576
     fb_used_mib: int = 3072
+    fb_reserved_mib: int = 0  # driver-reserved; NVML's v1 memory call counts it as used
     util: tuple[int, int] = (37, 12)
     enc_util: int = 5
     dec_util: int = 2
@@ -127,10 +128,18 @@ class FakeNvml:
 
     # -- per-GPU metrics --------------------------------------------------------------------
 
-    def nvmlDeviceGetMemoryInfo(self, h):
-        self._enter("nvmlDeviceGetMemoryInfo", h)
-        total, used = h.fb_total_mib * MIB, h.fb_used_mib * MIB
-        return pynvml.c_nvmlMemory_t(total, total - used, used)
+    nvmlMemory_v2 = pynvml.nvmlMemory_v2
+
+    def nvmlDeviceGetMemoryInfo(self, h, version=None):
+        total, used, reserved = h.fb_total_mib * MIB, h.fb_used_mib * MIB, h.fb_reserved_mib * MIB
+        self._enter("nvmlDeviceGetMemoryInfo", h)  # one pynvml function serves both versions
+        if version is None:
+            return pynvml.c_nvmlMemory_t(total, total - used - reserved, used + reserved)
+        self._enter("nvmlDeviceGetMemoryInfo_v2", h)
+        info = pynvml.c_nvmlMemory_v2_t()
+        info.version, info.total, info.reserved = version, total, reserved
+        info.used, info.free = used, total - used - reserved
+        return info
 
     def nvmlDeviceGetUtilizationRates(self, h):
         self._enter("nvmlDeviceGetUtilizationRates", h)

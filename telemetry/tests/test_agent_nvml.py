@@ -47,6 +47,7 @@ def test_bare_metal_gpu_reports_every_metric_in_protocol_units():
         "util_gpu": 37,
         "util_mem": 12,
         "fb_used_mib": 3072,
+        "fb_reserved_mib": 0,
         "enc_util": 5,
         "dec_util": 2,
         "temp_c": 48,
@@ -329,3 +330,21 @@ def test_gpu_that_cannot_be_opened_is_left_out_and_the_others_reported():
     (gpu,) = NvmlBackend(nvml).collect()
 
     assert (gpu["uuid"], gpu["index"]) == ("GPU-fine", 1)
+
+
+def test_frame_buffer_used_leaves_out_driver_reserved_memory_like_nvidia_smi():
+    """On a real H200 NVML's v1 call said 615 MiB used on an idle GPU where nvidia-smi said 0:
+    the driver's reserved memory. Admins compare our figures with nvidia-smi, so we read v2."""
+    nvml = FakeNvml([FakeGpu(fb_used_mib=0, fb_reserved_mib=615)])
+    gpu = poll(NvmlBackend(nvml))
+    assert gpu["fb_used_mib"] == 0
+    assert gpu["fb_reserved_mib"] == 615
+
+
+def test_frame_buffer_falls_back_to_v1_where_the_driver_lacks_v2():
+    nvml = FakeNvml([FakeGpu(fb_used_mib=1000, fb_reserved_mib=600)])
+    nvml.errors["nvmlDeviceGetMemoryInfo_v2"] = pynvml.NVML_ERROR_FUNCTION_NOT_FOUND
+    gpu = poll(NvmlBackend(nvml))
+    assert gpu["fb_used_mib"] == 1600, "v1 counts reserved memory as used; that is all an old driver gives"
+    assert gpu["fb_reserved_mib"] is None
+    assert gpu["errors"] == {}
