@@ -30,7 +30,13 @@ run: install $(DEMO_SECRETS)
 	DEMO_ADMIN_PASSWORD="$${DEMO_ADMIN_PASSWORD:-$$(cat var/demo-admin-password)}" \
 	DEMO_ARTIST_PASSWORD="$${DEMO_ARTIST_PASSWORD:-$$(cat var/demo-artist-password)}" \
 	$(BIN)/python manage.py seed_demo
+	$(BIN)/python manage.py demo_agents
 	@echo "Serving http://$(HOST):$(PORT)/  (admin site: http://$(HOST):$(PORT)/admin/, API: /api/v1/, docs: /api/docs/)"
+	@echo "Starting 3 simulated agents, a Celery worker, beat and the web server; Ctrl-C stops them all."
+	$(BIN)/python manage.py runfleet $(HOST):$(PORT)
+
+# The web server alone (no worker, beat or agents: nothing is collected).
+serve: install
 	$(BIN)/python manage.py runserver $(HOST):$(PORT)
 
 test: install

@@ -65,6 +65,7 @@ INSTALLED_APPS = [
     "django_filters",
     "drf_spectacular",
     "drf_spectacular_sidecar",
+    "django_celery_beat",
     "fleet",
     "telemetry",
     "sizing",
@@ -187,12 +188,16 @@ REDIS_URL = env_str("REDIS_URL")
 CELERY_BROKER_URL = env_str("CELERY_BROKER_URL", REDIS_URL or "filesystem://")
 if CELERY_BROKER_URL == "filesystem://":
     _queue_dir = Path(env_str("CELERY_QUEUE_DIR", str(BASE_DIR / "var" / "celery-queue")))
+    # config/celery.py creates these folders; kombu's defaults are relative to the working directory.
     CELERY_BROKER_TRANSPORT_OPTIONS = {
         "data_folder_in": str(_queue_dir),
         "data_folder_out": str(_queue_dir),
         "processed_folder": str(_queue_dir / "processed"),
+        "control_folder": str(_queue_dir / "control"),
         "store_processed": False,
     }
+# Deployments (or test runs) sharing one Redis keep apart by queue name.
+CELERY_TASK_DEFAULT_QUEUE = env_str("CELERY_QUEUE", "celery")
 CELERY_TASK_SERIALIZER = "json"
 CELERY_RESULT_SERIALIZER = "json"
 CELERY_ACCEPT_CONTENT = ["json"]
@@ -200,6 +205,13 @@ CELERY_TASK_IGNORE_RESULT = True
 CELERY_TASK_TIME_LIMIT = 300
 CELERY_TASK_SOFT_TIME_LIMIT = 240
 CELERY_TIMEZONE = TIME_ZONE
+# Task modules outside an app's tasks.py (which autodiscover_tasks finds on its own).
+CELERY_IMPORTS = ["telemetry.rollup_tasks"]
+# Beat reads its schedule from the database (django-celery-beat), so admins edit periodic
+# tasks in the admin site; telemetry.schedules creates the default entries after migrate.
+CELERY_BEAT_SCHEDULER = "django_celery_beat.schedulers:DatabaseScheduler"
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 
 # Telemetry: agent tokens are derived from this key (defaults to SECRET_KEY; changing it
 # revokes every agent token). An agent not seen for TELEMETRY_STALE_AFTER_S is stale.
@@ -207,11 +219,23 @@ AGENT_TOKEN_KEY = env_str("AGENT_TOKEN_KEY")
 TELEMETRY_POLL_INTERVAL_S = env_float("TELEMETRY_POLL_INTERVAL_S", 10.0)
 TELEMETRY_STALE_AFTER_S = env_float("TELEMETRY_STALE_AFTER_S", 60.0)
 TELEMETRY_BATCH_SIZE = int(env_float("TELEMETRY_BATCH_SIZE", 50))
+# Agents of one batch fetched at once (threads of one poll_batch task). By default all of
+# them, so a batch ends within its longest timeout even when every agent in it is down.
+TELEMETRY_POLL_CONCURRENCY = int(env_float("TELEMETRY_POLL_CONCURRENCY", TELEMETRY_BATCH_SIZE))
 TELEMETRY_MAX_RESPONSE_BYTES = int(env_float("TELEMETRY_MAX_RESPONSE_BYTES", 4 * 1024 * 1024))
 TELEMETRY_MAX_CLOCK_SKEW_S = env_float("TELEMETRY_MAX_CLOCK_SKEW_S", 300.0)
 TELEMETRY_RETENTION_RAW_DAYS = env_float("TELEMETRY_RETENTION_RAW_DAYS", 14)
 TELEMETRY_RETENTION_5M_DAYS = env_float("TELEMETRY_RETENTION_5M_DAYS", 90)
 TELEMETRY_RETENTION_1H_DAYS = env_float("TELEMETRY_RETENTION_1H_DAYS", 730)
+# Rollups: buckets holding samples built per run and series (bounded work; the next run goes
+# on), and how long after a bucket closes its late samples are still folded in.
+TELEMETRY_ROLLUP_MAX_BUCKETS = int(env_float("TELEMETRY_ROLLUP_MAX_BUCKETS", 120))
+TELEMETRY_ROLLUP_LATE_S = env_float("TELEMETRY_ROLLUP_LATE_S", 120.0)
+# Rows deleted per statement by retention, so no DELETE holds its locks for long.
+TELEMETRY_PRUNE_BATCH = int(env_float("TELEMETRY_PRUNE_BATCH", 10_000))
+# Prometheus exposition at /metrics: with a token, scrapers send `Authorization: Bearer <token>`;
+# without one, only staff sessions and requests from loopback may read it.
+METRICS_TOKEN = env_str("METRICS_TOKEN")
 
 LOGGING = {
     "version": 1,

@@ -8,8 +8,10 @@ avg, max and p95), which resumable tasks build behind a checkpoint.
 import hashlib
 import hmac
 import secrets
+from urllib.parse import urlsplit
 
 from django.conf import settings
+from django.core.exceptions import ValidationError
 from django.db import models
 from django.db.models import Q
 from django.utils import timezone
@@ -31,6 +33,20 @@ class AgentStatus(models.TextChoices):
     DISABLED = "disabled", "Disabled"
 
 
+def validate_agent_url(value: str) -> None:
+    """An http(s) URL with a host name. Unlike URLField, accepts short studio host names
+    such as http://gpu-01:9410, which Django's URLValidator refuses for lack of a domain."""
+    try:
+        parts = urlsplit(value)
+        port = parts.port
+    except ValueError as exc:
+        raise ValidationError(f"{value!r} is not a valid URL: {exc}") from exc
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValidationError(f"{value!r} is not an http:// or https:// URL with a host name")
+    if port == 0:
+        raise ValidationError(f"{value!r} has no usable port")
+
+
 class Agent(models.Model):
     """A source of samples: an agent we poll (nvml, dcgm-exporter) or one that pushes (nvidia-smi).
 
@@ -41,8 +57,8 @@ class Agent(models.Model):
 
     name = models.CharField(max_length=100, unique=True)
     kind = models.CharField(max_length=20, choices=AgentKind.choices, default=AgentKind.NVML)
-    url = models.URLField(
-        "URL", blank=True,
+    url = models.CharField(
+        "URL", max_length=300, blank=True, validators=[validate_agent_url],
         help_text="Base URL polled: http://host:9410 (agent) or http://host:9400/metrics (dcgm-exporter); "
                   "empty for nvidia-smi pushes",
     )

@@ -11,6 +11,7 @@ from rest_framework import serializers
 
 from fleet import services
 from fleet.models import Artist, Gpu, GpuModel, Host, Vgpu, VgpuProfile, VirtualMachine
+from telemetry.queries import latest_gpu_samples
 
 
 class GpuModelSerializer(serializers.ModelSerializer):
@@ -56,6 +57,7 @@ class GpuSampleSerializer(serializers.Serializer):
     util_gpu = serializers.FloatField(allow_null=True, help_text="3D/compute utilization, %")
     util_mem = serializers.FloatField(allow_null=True, help_text="Memory controller utilization, %")
     fb_used_mib = serializers.IntegerField(allow_null=True)
+    fb_total_mib = serializers.IntegerField(allow_null=True)
     enc_util = serializers.FloatField(allow_null=True, help_text="Encoder utilization, %")
     dec_util = serializers.FloatField(allow_null=True, help_text="Decoder utilization, %")
     temp_c = serializers.FloatField(allow_null=True)
@@ -83,8 +85,7 @@ class GpuSerializer(serializers.ModelSerializer):
 
 class GpuDetailSerializer(GpuSerializer):
     latest = serializers.SerializerMethodField(
-        help_text="Newest telemetry sample of this GPU (filled by telemetry collection), or null when "
-                  "none was collected yet",
+        help_text="Newest telemetry sample of this GPU, or null when none was collected yet",
     )
 
     class Meta(GpuSerializer.Meta):
@@ -92,8 +93,9 @@ class GpuDetailSerializer(GpuSerializer):
 
     @extend_schema_field(GpuSampleSerializer(allow_null=True))
     def get_latest(self, gpu: Gpu) -> dict | None:
-        """Always null for now: the telemetry app fills this from its newest sample once it exists."""
-        return None
+        """The GPU's newest sample however old (the detail shows when it was taken), or None."""
+        sample = latest_gpu_samples([gpu.pk]).get(gpu.pk)
+        return GpuSampleSerializer(sample).data if sample else None
 
 
 class ArtistSerializer(serializers.ModelSerializer):

@@ -1,0 +1,375 @@
+"""Benchmark of collection: agent polls through the real path into PostgreSQL, against a ceiling.
+
+    DATABASE_URL=postgres://postgres@127.0.0.1:5432/fleet_bench python bench/ingest.py [--agents 3000] [--seconds 30]
+
+What it measures, on loopback, in one run:
+- real path: `telemetry.collect.poll_batch` (concurrent keep-alive fetch, `parse_agent_payload`,
+  one `store_reports` per batch, agent status updates) over batches of TELEMETRY_BATCH_SIZE,
+  in 1 process and in `--procs` processes (as a Celery worker of that concurrency would);
+- ceiling: the same agents and rows with nothing but a sequential keep-alive scrape,
+  `json.loads`, a dict lookup of each UUID and COPY into the same two tables;
+and prints agent polls/s, samples/s, a zero-loss check (rows stored == rows expected from
+the successful polls) and `ratio` = real polls/s / ceiling polls/s.
+
+The agents: one separate process serving every agent on its own loopback port with asyncio,
+answering GET /v1/metrics (bearer token checked, keep-alive) with a payload PRE-RENDERED by the
+real sim backend (`telemetry.agent.sim_backend.SimBackend`, 8 L40S GPUs with 4 L40S-12Q vGPUs
+each = 32 vGPUs per agent, ~13 KB of JSON) into which a fresh `collected_at` is written per
+request. Not the real agent server: its thread per connection and per-request simulation
+would take CPU from the collector on a 2-core machine and measure the sim, not the collector
+(bench/agent.py measures the agent).
+
+Samples are stamped to the whole second (telemetry.ingest), so an agent polled twice within a
+second yields one sample: each pass over the fleet therefore polls every agent at most once a
+second, like a fleet of `--agents` hosts polled at a 1 s interval. The fleet must be large
+enough that this never binds; the run says when it did. The inventory (hosts bench-NNNN) is
+created once in the database and reused; each phase deletes the bench's samples first.
+Needs a database of its own: it migrates it. Prints figures; asserts nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import multiprocessing
+import os
+import platform
+import resource
+import sys
+import time
+import uuid
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
+
+GPUS_PER_HOST = 8
+VGPUS_PER_GPU = 4
+BOARD = "NVIDIA L40S"
+PROFILE = "L40S-12Q"
+# An agent is polled again no sooner than this (samples are stamped to the whole second).
+SPACING_S = 1.05
+NAMESPACE = uuid.UUID("0e4c9f5a-3b7d-4e21-9c4f-be0c00000000")
+
+
+# -- agents ---------------------------------------------------------------------------------------
+
+
+def serve_agents(spec_path: str, ready: multiprocessing.Event) -> None:
+    """Serve every agent of the spec file on its port until killed (runs in its own process)."""
+    spec = json.loads(Path(spec_path).read_text())
+    _raise_fd_limit()
+
+    async def main():
+        servers = []
+        for agent in spec:
+            prefix, suffix = agent["prefix"].encode(), agent["suffix"].encode()
+            expected = f"Bearer {agent['token']}".encode()
+
+            async def handle(reader, writer, prefix=prefix, suffix=suffix, expected=expected):
+                try:
+                    while True:
+                        head = await reader.readuntil(b"\r\n\r\n")
+                        if expected not in head:
+                            body = b'{"error": "invalid bearer token"}'
+                            status = b"401 Unauthorized"
+                        else:
+                            body = prefix + repr(time.time()).encode() + suffix
+                            status = b"200 OK"
+                        writer.write(b"HTTP/1.1 " + status + b"\r\nContent-Type: application/json\r\nContent-Length: "
+                                     + str(len(body)).encode() + b"\r\n\r\n" + body)
+                except (asyncio.IncompleteReadError, ConnectionError):
+                    pass
+                finally:
+                    writer.close()
+
+            servers.append(await asyncio.start_server(handle, "127.0.0.1", agent["port"], backlog=64))
+        ready.set()
+        await asyncio.Event().wait()
+
+    asyncio.run(main())
+
+
+def _raise_fd_limit() -> None:
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+
+
+# -- inventory ------------------------------------------------------------------------------------
+
+
+def setup(agents: int, base_port: int) -> list[dict]:
+    """Create (once) the bench inventory and its Agent rows; return the agents' serving spec."""
+    import django
+
+    django.setup()
+    from django.core.management import call_command
+    from django.db import connection, transaction
+
+    from fleet.models import Gpu, GpuModel, Host, Vgpu, VgpuProfile, VirtualMachine
+    from telemetry.agent.sim_backend import SimBackend
+    from telemetry.demo import host_scenario
+    from telemetry.models import Agent
+
+    assert connection.vendor == "postgresql", "set DATABASE_URL to a PostgreSQL database of its own"
+    call_command("migrate", verbosity=0)
+    model = GpuModel.objects.get(name=BOARD)
+    profile = VgpuProfile.objects.get(name=PROFILE)
+    names = [f"bench-{n:04d}" for n in range(agents)]
+    existing = set(Host.objects.filter(name__in=names).values_list("name", flat=True))
+    missing = [name for name in names if name not in existing]
+    if missing:
+        print(f"creating the bench inventory: {len(missing)} hosts, {len(missing) * GPUS_PER_HOST} GPUs, "
+              f"{len(missing) * GPUS_PER_HOST * VGPUS_PER_GPU} VMs ...", flush=True)
+        with transaction.atomic():
+            hosts = Host.objects.bulk_create([Host(name=name, cpu_threads=256, ram_gib=4096) for name in missing])
+            gpus = Gpu.objects.bulk_create([
+                Gpu(host=host, gpu_model=model, pci_bus_id=f"00000000:{0x1B + g:02X}:00.0",
+                    uuid=f"GPU-{uuid.uuid5(NAMESPACE, f'{host.name}/{g}')}")
+                for host in hosts for g in range(GPUS_PER_HOST)
+            ])
+            vms = VirtualMachine.objects.bulk_create([
+                VirtualMachine(name=f"{gpu.host.name}-vm-{gpu.pci_bus_id[9:11]}-{v}", host=gpu.host, vcpus=4,
+                               ram_gib=16, uuid=uuid.uuid5(NAMESPACE, f"{gpu.uuid}/{v}"))
+                for gpu in gpus for v in range(VGPUS_PER_GPU)
+            ])
+            Vgpu.objects.bulk_create([
+                Vgpu(vm=vm, gpu=gpus[i // VGPUS_PER_GPU], profile=profile, placement_id=i % VGPUS_PER_GPU)
+                for i, vm in enumerate(vms)
+            ])
+    spec = []
+    hosts = {host.name: host for host in Host.objects.filter(name__in=names)}
+    for offset, name in enumerate(names):
+        port = base_port + offset
+        agent, _ = Agent.objects.update_or_create(
+            name=name, defaults={"url": f"http://127.0.0.1:{port}", "host": hosts[name], "enabled": True,
+                                 "timeout_s": 5.0, "kind": "nvml"},
+        )
+        document = {"agent": {"version": "1.0.0", "hostname": name, "backend": "sim"}, "collected_at": 0.0,
+                    "gpus": SimBackend(host_scenario(hosts[name], timezone="UTC")).collect(time.time())}
+        text = json.dumps(document, separators=(",", ":"))
+        prefix, suffix = text.split('"collected_at":0.0', 1)
+        spec.append({"id": agent.pk, "name": name, "port": port, "token": agent.token,
+                     "prefix": prefix + '"collected_at":', "suffix": suffix})
+    return spec
+
+
+def clear_samples() -> None:
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute("DELETE FROM telemetry_vgpusample WHERE gpu_id IN (SELECT g.id FROM fleet_gpu g "
+                       "JOIN fleet_host h ON h.id = g.host_id WHERE h.name LIKE 'bench-%')")
+        cursor.execute("DELETE FROM telemetry_gpusample WHERE gpu_id IN (SELECT g.id FROM fleet_gpu g "
+                       "JOIN fleet_host h ON h.id = g.host_id WHERE h.name LIKE 'bench-%')")
+        # Every phase starts from clean tables: no autovacuum of the last phase's dead rows midway.
+        cursor.execute("VACUUM ANALYZE telemetry_gpusample, telemetry_vgpusample")
+
+
+def stored_rows() -> tuple[int, int]:
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        bench = "SELECT g.id FROM fleet_gpu g JOIN fleet_host h ON h.id = g.host_id WHERE h.name LIKE 'bench-%'"
+        cursor.execute(f"SELECT count(*) FROM telemetry_gpusample WHERE gpu_id IN ({bench})")
+        gpu_rows = cursor.fetchone()[0]
+        cursor.execute(f"SELECT count(*) FROM telemetry_vgpusample WHERE gpu_id IN ({bench})")
+        return gpu_rows, cursor.fetchone()[0]
+
+
+# -- real path ------------------------------------------------------------------------------------
+
+
+def real_worker(ids: list[int], seconds: float, batch: int, queue) -> None:
+    """Poll `ids` through collect.poll_batch for `seconds`; each agent at most once a second."""
+    import django
+
+    django.setup()
+    _raise_fd_limit()
+    from telemetry import collect
+
+    polls = ok = gpu_rows = vgpu_rows = passes = bound = 0
+    errors: dict[str, str] = {}
+    batches = collect.shard(ids, batch)
+    last_start = [0.0] * len(batches)
+    started = time.monotonic()
+    while time.monotonic() - started < seconds:
+        for index, shard in enumerate(batches):
+            if time.monotonic() - started >= seconds:
+                break
+            wait = last_start[index] + SPACING_S - time.monotonic()
+            if wait > 0:  # stamps are whole seconds: never poll an agent twice in one
+                bound += 1
+                time.sleep(wait)
+            last_start[index] = time.monotonic()
+            result = collect.poll_batch(shard)
+            polls += result.polled
+            ok += result.ok
+            gpu_rows += result.gpu_samples
+            vgpu_rows += result.vgpu_samples
+            errors.update(result.errors)
+        passes += 1
+    queue.put({"polls": polls, "ok": ok, "gpu_rows": gpu_rows, "vgpu_rows": vgpu_rows, "passes": passes,
+               "bound": bound, "elapsed": time.monotonic() - started, "errors": dict(list(errors.items())[:3])})
+
+
+def run_real(spec: list[dict], seconds: float, procs: int, batch: int) -> dict:
+    from django.db import connection
+
+    clear_samples()
+    # A forked child must not inherit (and later close) this process's database session.
+    connection.close()
+    ids = [agent["id"] for agent in spec]
+    queue = multiprocessing.Queue()
+    shares = [ids[i::procs] for i in range(procs)]
+    workers = [multiprocessing.Process(target=real_worker, args=(share, seconds, batch, queue)) for share in shares]
+    for worker in workers:
+        worker.start()
+    results = [queue.get() for _ in workers]
+    for worker in workers:
+        worker.join()
+    total = {key: sum(r[key] for r in results) for key in ("polls", "ok", "gpu_rows", "vgpu_rows", "bound")}
+    total["elapsed"] = max(r["elapsed"] for r in results)
+    total["errors"] = {k: v for r in results for k, v in r["errors"].items()}
+    total["stored"] = stored_rows()
+    return total
+
+
+# -- ceiling --------------------------------------------------------------------------------------
+
+
+def run_ceiling(spec: list[dict], seconds: float) -> dict:
+    """Sequential keep-alive scrape + json.loads + COPY of the same rows into the same tables."""
+    import http.client
+    from datetime import UTC, datetime
+
+    from django.db import connection, transaction
+
+    from fleet.models import Gpu, Vgpu
+
+    clear_samples()
+    gpu_ids = dict(Gpu.objects.filter(host__name__startswith="bench-").values_list("uuid", "id"))
+    vgpu_of = {str(vm_uuid): (vm_id, vgpu_id) for vm_uuid, vm_id, vgpu_id in
+               Vgpu.objects.filter(gpu__host__name__startswith="bench-").values_list("vm__uuid", "vm_id", "id")}
+    conns = {agent["id"]: http.client.HTTPConnection("127.0.0.1", agent["port"], timeout=5) for agent in spec}
+    headers = {agent["id"]: {"Authorization": f"Bearer {agent['token']}"} for agent in spec}
+    polls = ok = expected_gpu = expected_vgpu = bound = 0
+    started = time.monotonic()
+    with connection.cursor() as cursor:
+        raw = cursor.connection
+        last_start = {agent["id"]: 0.0 for agent in spec}
+        while time.monotonic() - started < seconds:
+            gpu_rows, vgpu_rows = [], []
+            for agent in spec:
+                if time.monotonic() - started >= seconds:
+                    break
+                wait = last_start[agent["id"]] + SPACING_S - time.monotonic()
+                if wait > 0:
+                    bound += 1
+                    time.sleep(wait)
+                last_start[agent["id"]] = time.monotonic()
+                conn = conns[agent["id"]]
+                conn.request("GET", "/v1/metrics", headers=headers[agent["id"]])
+                response = conn.getresponse()
+                body = response.read()
+                polls += 1
+                if response.status != 200:
+                    continue
+                document = json.loads(body)
+                ts = datetime.fromtimestamp(int(document["collected_at"]), tz=UTC)
+                for gpu in document["gpus"]:
+                    gpu_id = gpu_ids[gpu["uuid"]]
+                    gpu_rows.append((gpu_id, ts, gpu["util_gpu"], gpu["util_mem"], gpu["fb_used_mib"],
+                                     gpu["fb_total_mib"], gpu["enc_util"], gpu["dec_util"], gpu["temp_c"],
+                                     gpu["power_w"], gpu["sm_clock_mhz"]))
+                    for vgpu in gpu["vgpus"]:
+                        vm_id, vgpu_id = vgpu_of[vgpu["vm_uuid"]]
+                        vgpu_rows.append((vm_id, gpu_id, vgpu_id, ts, vgpu["fb_used_mib"], vgpu["util_gpu"],
+                                          vgpu["util_mem"], vgpu["enc_util"], vgpu["dec_util"]))
+                ok += 1
+                if len(gpu_rows) >= 400:  # COPY every 50 polls, as a batch stores 50
+                    expected_gpu += len(gpu_rows)
+                    expected_vgpu += len(vgpu_rows)
+                    _copy(raw, transaction, gpu_rows, vgpu_rows)
+                    gpu_rows, vgpu_rows = [], []
+            expected_gpu += len(gpu_rows)
+            expected_vgpu += len(vgpu_rows)
+            _copy(raw, transaction, gpu_rows, vgpu_rows)
+    for conn in conns.values():
+        conn.close()
+    return {"polls": polls, "ok": ok, "gpu_rows": expected_gpu, "vgpu_rows": expected_vgpu, "bound": bound,
+            "elapsed": time.monotonic() - started, "errors": {}, "stored": stored_rows()}
+
+
+def _copy(raw, transaction, gpu_rows, vgpu_rows) -> None:
+    if not gpu_rows:
+        return
+    with transaction.atomic(), raw.cursor() as cur:
+        with cur.copy("COPY telemetry_gpusample (gpu_id, ts, util_gpu, util_mem, fb_used_mib, fb_total_mib, "
+                      "enc_util, dec_util, temp_c, power_w, sm_clock_mhz) FROM STDIN") as copy:
+            for row in gpu_rows:
+                copy.write_row(row)
+        with cur.copy("COPY telemetry_vgpusample (vm_id, gpu_id, vgpu_id, ts, fb_used_mib, util_gpu, util_mem, "
+                      "enc_util, dec_util) FROM STDIN") as copy:
+            for row in vgpu_rows:
+                copy.write_row(row)
+
+
+# -- report ---------------------------------------------------------------------------------------
+
+
+def report(name: str, result: dict) -> float:
+    elapsed = result["elapsed"]
+    rows = result["gpu_rows"] + result["vgpu_rows"]
+    stored = sum(result["stored"])
+    expected = result["ok"] * GPUS_PER_HOST * (1 + VGPUS_PER_GPU)
+    polls_s = result["ok"] / elapsed
+    loss = "OK" if stored == expected == rows else "MISMATCH"
+    print(f"{name:<22} {polls_s:8.1f} agent polls/s  {stored / elapsed:9.0f} samples/s  "
+          f"polls {result['ok']}/{result['polls']}  rows stored {stored} expected {expected}  zero loss: {loss}"
+          + (f"  (waited for the 1 s spacing {result['bound']} times: add agents)" if result["bound"] else ""))
+    if result["errors"]:
+        print(f"{'':<22} errors: {result['errors']}")
+    return polls_s
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--agents", type=int, default=3000, help="simulated agents (default 3000)")
+    parser.add_argument("--seconds", type=float, default=30.0, help="seconds per phase (default 30)")
+    parser.add_argument("--procs", type=int, default=2, help="collector processes of the second real phase")
+    parser.add_argument("--batch", type=int, default=50, help="agents per poll_batch (TELEMETRY_BATCH_SIZE)")
+    parser.add_argument("--base-port", type=int, default=20000)
+    args = parser.parse_args()
+    _raise_fd_limit()
+
+    spec = setup(args.agents, args.base_port)
+    spec_path = ROOT / "var" / "bench-agents.json"
+    spec_path.parent.mkdir(exist_ok=True)
+    spec_path.write_text(json.dumps(spec))
+    from django.db import connection
+
+    connection.close()
+    ready = multiprocessing.Event()
+    server = multiprocessing.Process(target=serve_agents, args=(str(spec_path), ready), daemon=True)
+    server.start()
+    if not ready.wait(60):
+        print("agents did not start", file=sys.stderr)
+        return 1
+    print(f"{platform.node()}: {os.cpu_count()} cores, Python {platform.python_version()}, "
+          f"{args.agents} agents x {GPUS_PER_HOST} GPUs x {VGPUS_PER_GPU} vGPUs "
+          f"({GPUS_PER_HOST * (1 + VGPUS_PER_GPU)} rows a poll), {args.seconds:g} s a phase, batches of {args.batch}")
+    try:
+        real_1 = report("real path, 1 process", run_real(spec, args.seconds, 1, args.batch))
+        real_n = report(f"real path, {args.procs} processes", run_real(spec, args.seconds, args.procs, args.batch))
+        ceiling = report("ceiling (seq+COPY)", run_ceiling(spec, args.seconds))
+    finally:
+        server.kill()
+    print(f"ratio {real_1 / ceiling:.2f} (1 process)  ratio {real_n / ceiling:.2f} ({args.procs} processes)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,144 @@
+"""Admin site of telemetry: agents (status, last error, token rotation), drift, raw samples.
+
+An agent's bearer token is shown once, on the page that follows its creation or the "Issue
+new tokens" action, and never stored (it is derived: `Agent.token`); the page is not cached
+and the token never goes into a flash message, which would travel in a cookie. Samples are
+read-only: they are what the agents reported, and retention prunes them.
+"""
+
+from __future__ import annotations
+
+from django.contrib import admin, messages
+from django.db import models, transaction
+from django.template.response import TemplateResponse
+from django.utils import timezone
+from django.utils.cache import add_never_cache_headers
+from django.utils.html import format_html
+from django.utils.text import Truncator
+
+from telemetry.models import Agent, AgentStatus, Drift, GpuSample, VgpuSample
+
+STATUS_COLOURS = {
+    AgentStatus.OK: "#2e7d32",
+    AgentStatus.STALE: "#b26a00",
+    AgentStatus.ERROR: "#c62828",
+    AgentStatus.NEW: "#546e7a",
+    AgentStatus.DISABLED: "#757575",
+}
+
+
+def token_page(request, agents: list[Agent], tokens: dict[int, str], title: str) -> TemplateResponse:
+    """The one page that shows agents' tokens; not cached by the browser or any proxy."""
+    response = TemplateResponse(request, "admin/telemetry/agent/tokens.html", {
+        **admin.site.each_context(request),
+        "title": title,
+        "rows": [(agent, tokens[agent.pk]) for agent in agents],
+        "opts": Agent._meta,
+    })
+    add_never_cache_headers(response)
+    return response
+
+
+@admin.register(Agent)
+class AgentAdmin(admin.ModelAdmin):
+    list_display = ["name", "kind", "host", "url", "enabled", "status_badge", "last_seen", "consecutive_failures",
+                    "short_error"]
+    list_filter = ["kind", "enabled"]
+    list_select_related = ["host"]
+    search_fields = ["name", "url", "host__name"]
+    autocomplete_fields = ["host"]
+    readonly_fields = ["status_badge", "last_seen", "last_attempt", "last_error", "last_error_at",
+                       "consecutive_failures", "clock_skew_s", "created_at"]
+    fieldsets = [
+        (None, {"fields": ["name", "kind", "url", "host", "enabled", "timeout_s"]}),
+        ("Collection", {"fields": ["status_badge", "last_seen", "last_attempt", "clock_skew_s",
+                                   "consecutive_failures", "last_error", "last_error_at", "created_at"]}),
+    ]
+    actions = ["issue_new_tokens", "enable", "disable"]
+    # Agents answer plain HTTP on the studio network (Django 6 would assume https).
+    formfield_overrides = {models.URLField: {"assume_scheme": "http"}}
+
+    @admin.display(description="status")
+    def status_badge(self, agent: Agent) -> str:
+        status = AgentStatus(agent.status)
+        return format_html('<strong style="color: {}">{}</strong>', STATUS_COLOURS[status], status.label)
+
+    @admin.display(description="last error")
+    def short_error(self, agent: Agent) -> str:
+        return Truncator(agent.last_error).chars(90) if agent.last_error else "-"
+
+    def response_add(self, request, obj, post_url_continue=None):
+        # The token exists from creation on: show it now, the only time it can be read.
+        return token_page(request, [obj], {obj.pk: obj.token}, f"Agent {obj.name} added: its token")
+
+    @admin.action(description="Issue new tokens (the old ones stop working)", permissions=["change"])
+    def issue_new_tokens(self, request, queryset):
+        agents = list(queryset.order_by("name"))
+        tokens = {}
+        with transaction.atomic():
+            for agent in agents:
+                tokens[agent.pk] = agent.rotate_token()
+                agent.save(update_fields=["token_salt", "token_sha256"])
+        return token_page(request, agents, tokens, "New agent tokens")
+
+    @admin.action(description="Enable polling", permissions=["change"])
+    def enable(self, request, queryset):
+        count = queryset.update(enabled=True)
+        self.message_user(request, f"{count} agent(s) enabled.", messages.SUCCESS)
+
+    @admin.action(description="Disable polling", permissions=["change"])
+    def disable(self, request, queryset):
+        count = queryset.update(enabled=False)
+        self.message_user(request, f"{count} agent(s) disabled.", messages.SUCCESS)
+
+
+@admin.register(Drift)
+class DriftAdmin(admin.ModelAdmin):
+    """Differences between what sources report and the inventory; admins resolve them by hand."""
+
+    list_display = ["kind", "subject", "agent", "first_seen", "last_seen", "resolved_at"]
+    list_filter = ["kind", ("resolved_at", admin.EmptyFieldListFilter)]
+    list_select_related = ["agent"]
+    search_fields = ["subject", "detail"]
+    readonly_fields = ["agent", "kind", "subject", "detail", "reported", "first_seen", "last_seen", "resolved_at"]
+    actions = ["mark_resolved"]
+
+    def has_add_permission(self, request):
+        return False
+
+    @admin.action(description="Mark resolved", permissions=["change"])
+    def mark_resolved(self, request, queryset):
+        count = queryset.filter(resolved_at__isnull=True).update(resolved_at=timezone.now())
+        self.message_user(request, f"{count} drift(s) marked resolved.", messages.SUCCESS)
+
+
+class ReadOnlySampleAdmin(admin.ModelAdmin):
+    """Samples as the agents reported them: viewable, never edited. Newest first; no full
+    count under filters (a COUNT over millions of rows would make every page slow)."""
+
+    show_full_result_count = False
+    ordering = ["-ts"]
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False
+
+
+@admin.register(GpuSample)
+class GpuSampleAdmin(ReadOnlySampleAdmin):
+    list_display = ["ts", "gpu", "util_gpu", "util_mem", "fb_used_mib", "fb_total_mib", "enc_util", "dec_util",
+                    "temp_c", "power_w", "sm_clock_mhz"]
+    list_select_related = ["gpu__host", "gpu__gpu_model"]
+    search_fields = ["gpu__uuid", "gpu__host__name"]
+
+
+@admin.register(VgpuSample)
+class VgpuSampleAdmin(ReadOnlySampleAdmin):
+    list_display = ["ts", "vm", "gpu", "vgpu", "fb_used_mib", "util_gpu", "util_mem", "enc_util", "dec_util"]
+    list_select_related = ["vm", "gpu__host", "gpu__gpu_model", "vgpu__profile", "vgpu__vm"]
+    search_fields = ["vm__name", "gpu__uuid"]

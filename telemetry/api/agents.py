@@ -1,0 +1,159 @@
+"""The agents resource of the v1 API (DESIGN.md, `agents/`): the sources we collect from.
+
+Staff only, reads included: an agent's URL and errors describe the studio's network, and
+its token is a credential. The bearer token is derived, never stored (`Agent.token`); it
+appears in exactly two responses, the one creating the agent and the one rotating its token,
+so a script that registers an agent can write the token file right away and nobody can read
+it back later.
+"""
+
+from __future__ import annotations
+
+import django_filters
+from django.conf import settings
+from django.db.models import F, Q, QuerySet
+from django.utils import timezone
+from drf_spectacular.utils import OpenApiResponse, extend_schema, extend_schema_view
+from rest_framework import serializers, status, viewsets
+from rest_framework.decorators import action
+from rest_framework.filters import OrderingFilter
+from rest_framework.permissions import BasePermission
+from rest_framework.response import Response
+
+from fleet.models import Host
+from fleet.queries import is_fleet_admin
+from telemetry.models import Agent, AgentKind, AgentStatus
+
+POLLED_KINDS = (AgentKind.NVML, AgentKind.DCGM_EXPORTER)
+MAX_TIMEOUT_S = 60.0
+
+
+class IsFleetAdmin(BasePermission):
+    """Staff only, for every method (DESIGN.md: only admins manage agents)."""
+
+    message = "Only fleet admins (staff) may see or manage agents."
+
+    def has_permission(self, request, view) -> bool:
+        return is_fleet_admin(request.user)
+
+
+def status_filter(status_value: str) -> Q:
+    """The rows whose `Agent.status` is `status_value`, as a query (mirrors the property)."""
+    erred = Q(last_error_at__isnull=False) & (Q(last_seen__isnull=True) | Q(last_error_at__gt=F("last_seen")))
+    fresh_since = timezone.now() - timezone.timedelta(seconds=settings.TELEMETRY_STALE_AFTER_S)
+    enabled = Q(enabled=True)
+    return {
+        AgentStatus.DISABLED: Q(enabled=False),
+        AgentStatus.ERROR: enabled & erred,
+        AgentStatus.NEW: enabled & ~erred & Q(last_seen__isnull=True),
+        AgentStatus.STALE: enabled & ~erred & Q(last_seen__lt=fresh_since),
+        AgentStatus.OK: enabled & ~erred & Q(last_seen__gte=fresh_since),
+    }[status_value]
+
+
+class AgentFilterSet(django_filters.FilterSet):
+    name = django_filters.CharFilter(lookup_expr="icontains")
+    host = django_filters.ModelChoiceFilter(queryset=Host.objects.all())
+    status = django_filters.ChoiceFilter(choices=AgentStatus.choices, method="filter_status",
+                                         label="Status (ok, stale, error, new, disabled)")
+
+    class Meta:
+        model = Agent
+        fields = ["name", "kind", "host", "enabled", "status"]
+
+    def filter_status(self, queryset: QuerySet, name: str, value: str) -> QuerySet:
+        return queryset.filter(status_filter(value))
+
+
+class AgentSerializer(serializers.ModelSerializer):
+    """An agent as admins see it; collection figures are read-only (the collector writes them)."""
+
+    status = serializers.ChoiceField(
+        choices=AgentStatus.choices, read_only=True,
+        help_text="ok: polled recently; stale: not seen for TELEMETRY_STALE_AFTER_S; error: the last attempt "
+                  "failed (see last_error); new: never seen; disabled",
+    )
+
+    class Meta:
+        model = Agent
+        fields = ["id", "name", "url", "kind", "host", "enabled", "timeout_s", "last_seen", "status",
+                  "last_error", "last_error_at", "consecutive_failures"]
+        read_only_fields = ["last_seen", "last_error", "last_error_at", "consecutive_failures"]
+        extra_kwargs = {
+            "timeout_s": {"min_value": 0.1, "max_value": MAX_TIMEOUT_S,
+                          "help_text": "Seconds a poll may take in all; keep it below the poll interval"},
+        }
+
+    def validate(self, attrs):
+        instance = self.instance
+        kind = attrs.get("kind", instance.kind if instance else AgentKind.NVML)
+        url = attrs.get("url", instance.url if instance else "")
+        if kind in POLLED_KINDS and not url:
+            raise serializers.ValidationError(
+                {"url": f"An agent of kind {kind} is polled: give the URL to poll "
+                        f"(http://host:9410 for the agent, http://host:9400/metrics for dcgm-exporter)."}
+            )
+        return attrs
+
+
+class AgentWithTokenSerializer(AgentSerializer):
+    """An agent and its bearer token: only in the response that creates it."""
+
+    token = serializers.CharField(
+        read_only=True,
+        help_text="Bearer token the agent must expect (write it to its --token-file). Shown only in this "
+                  "response; POST rotate-token/ for a new one.",
+    )
+
+    class Meta(AgentSerializer.Meta):
+        fields = [*AgentSerializer.Meta.fields, "token"]
+
+
+class AgentTokenSerializer(serializers.Serializer):
+    """A newly issued token of one agent; the previous one stops working at once."""
+
+    id = serializers.IntegerField(read_only=True)
+    name = serializers.CharField(read_only=True)
+    token = serializers.CharField(read_only=True, help_text="Shown only in this response")
+
+
+@extend_schema_view(
+    create=extend_schema(
+        summary="Register an agent",
+        description="The response is the only one that carries the agent's bearer `token`.",
+        responses={201: AgentWithTokenSerializer},
+    ),
+)
+class AgentViewSet(viewsets.ModelViewSet):
+    """Agents and other sources of samples, with their collection status; staff only."""
+
+    permission_classes = [IsFleetAdmin]
+    serializer_class = AgentSerializer
+    filterset_class = AgentFilterSet
+    filter_backends = [django_filters.rest_framework.DjangoFilterBackend, OrderingFilter]
+    ordering_fields = ["id", "name", "kind", "host", "enabled", "last_seen", "consecutive_failures"]
+    ordering = ["name", "id"]
+
+    def get_queryset(self) -> QuerySet:
+        return Agent.objects.select_related("host").order_by("name", "id")
+
+    def create(self, request, *args, **kwargs):
+        serializer = self.get_serializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        agent = serializer.save()
+        return Response(AgentWithTokenSerializer(agent, context=self.get_serializer_context()).data,
+                        status=status.HTTP_201_CREATED)
+
+    @extend_schema(
+        summary="Issue a new token",
+        description="Replaces the agent's bearer token; the old one stops working at once. The new token is "
+                    "shown only in this response.",
+        request=None,
+        responses={200: AgentTokenSerializer, 404: OpenApiResponse(description="No such agent")},
+    )
+    @action(detail=True, methods=["post"], url_path="rotate-token")
+    def rotate_token(self, request, pk=None):
+        agent = self.get_object()
+        token = agent.rotate_token()
+        agent.save(update_fields=["token_salt", "token_sha256"])
+        return Response(AgentTokenSerializer({"id": agent.pk, "name": agent.name, "token": token}).data)

@@ -1,0 +1,225 @@
+"""`POST /api/v1/ingest/nvidia-smi/`: hosts where no agent runs push `nvidia-smi -q -x` documents.
+
+Authentication is the pushing Agent's bearer token (`Authorization: Bearer <token>`), found
+by its SHA-256 (`Agent.token_sha256`): the lookup compares hashes, so response time reveals
+nothing about the token. Agent tokens authenticate here and nowhere else: the other API
+views accept user tokens (`Token <key>`) and sessions only, and this view accepts agent
+tokens only; `request.user` stays anonymous, so no user permission can ever pass on an agent
+token.
+
+The push path does the agent bookkeeping the collector does for polled agents: success sets
+`last_seen` (and `clock_skew_s`, the document's resolved stamp minus our clock); a refused
+document (malformed, an XML bomb, too large, stamped too far off) sets `last_error` and
+`last_error_at`, so the agent shows as failing in the admin.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from datetime import UTC, datetime
+
+from django.conf import settings
+from django.db.models import F
+from drf_spectacular.extensions import OpenApiAuthenticationExtension
+from drf_spectacular.plumbing import build_bearer_security_scheme_object
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
+from rest_framework import exceptions, serializers, status
+from rest_framework.authentication import BaseAuthentication, get_authorization_header
+from rest_framework.parsers import BaseParser
+from rest_framework.permissions import BasePermission
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from telemetry.ingest import store_reports
+from telemetry.models import Agent, AgentKind
+from telemetry.payload import MAX_HOSTNAME, PayloadError
+from telemetry.sources.nvidia_smi import parse_nvidia_smi
+
+REALM = "vgpu-fleet-ingest"
+XML_MEDIA_TYPES = ("application/xml", "text/xml")
+
+
+class _AgentPrincipal:
+    """request.user of an agent request: not a user, never authenticated as one."""
+
+    is_authenticated = False
+    is_active = False
+    is_staff = False
+    is_superuser = False
+    pk = id = None
+
+
+class AgentTokenAuthentication(BaseAuthentication):
+    """`Authorization: Bearer <agent token>` -> (anonymous principal, Agent)."""
+
+    keyword = "Bearer"
+
+    def authenticate(self, request):
+        header = get_authorization_header(request).split()
+        if not header or header[0].lower() != self.keyword.lower().encode():
+            return None
+        if len(header) != 2:
+            raise exceptions.AuthenticationFailed("Invalid bearer header: expected 'Bearer <agent token>'.")
+        digest = hashlib.sha256(header[1]).hexdigest()
+        agent = Agent.objects.filter(token_sha256=digest).select_related("host").first()
+        if agent is None:
+            raise exceptions.AuthenticationFailed("Invalid agent token.")
+        return _AgentPrincipal(), agent
+
+    def authenticate_header(self, request):
+        return f'Bearer realm="{REALM}"'
+
+
+class AgentTokenScheme(OpenApiAuthenticationExtension):
+    target_class = AgentTokenAuthentication
+    name = "agentToken"
+
+    def get_security_definition(self, auto_schema):
+        return build_bearer_security_scheme_object(header_name="Authorization", token_prefix="Bearer")
+
+
+class IsEnabledPushAgent(BasePermission):
+    """The request carries the token of an enabled agent of kind nvidia-smi."""
+
+    def has_permission(self, request, view) -> bool:
+        agent = request.auth
+        if not isinstance(agent, Agent):
+            return False
+        if not agent.enabled:
+            self.message = f"Agent {agent.name} is disabled; an admin must enable it before it can push."
+            return False
+        if agent.kind != AgentKind.NVIDIA_SMI:
+            self.message = (f"Agent {agent.name} is of kind {agent.kind}; only nvidia-smi agents push documents "
+                            f"(the others are polled).")
+            return False
+        return True
+
+
+class PayloadTooLarge(exceptions.APIException):
+    status_code = status.HTTP_413_REQUEST_ENTITY_TOO_LARGE
+    default_code = "payload_too_large"
+
+
+class XmlDocumentParser(BaseParser):
+    """The raw body as bytes, at most TELEMETRY_MAX_RESPONSE_BYTES (larger: 413, unread)."""
+
+    media_type = "application/xml"
+
+    def parse(self, stream, media_type=None, parser_context=None) -> bytes:
+        limit = settings.TELEMETRY_MAX_RESPONSE_BYTES
+        too_large = PayloadTooLarge(f"The document exceeds {limit} bytes (TELEMETRY_MAX_RESPONSE_BYTES).")
+        request = (parser_context or {}).get("request")
+        try:
+            declared = int(request.META.get("CONTENT_LENGTH") or 0) if request is not None else 0
+        except ValueError:
+            declared = 0
+        if declared > limit:
+            raise too_large
+        body = stream.read(limit + 1) if stream is not None else b""
+        if len(body) > limit:
+            raise too_large
+        return body
+
+
+class TextXmlDocumentParser(XmlDocumentParser):
+    media_type = "text/xml"
+
+
+class IngestResultSerializer(serializers.Serializer):
+    gpu_samples = serializers.IntegerField(help_text="GPU samples stored (0 when this document was stored before)")
+    vgpu_samples = serializers.IntegerField(help_text="vGPU samples stored")
+    drifts = serializers.IntegerField(help_text="Differences from the inventory found (see the admin's Drift list)")
+    discovered_gpus = serializers.IntegerField(help_text="GPUs added to the inventory from this document")
+
+
+class IngestErrorSerializer(serializers.Serializer):
+    detail = serializers.CharField()
+
+
+def _error(description: str) -> OpenApiResponse:
+    return OpenApiResponse(IngestErrorSerializer, description=description)
+
+
+class NvidiaSmiIngestView(APIView):
+    """Stores one `nvidia-smi -q -x` document pushed by an nvidia-smi agent."""
+
+    authentication_classes = [AgentTokenAuthentication]
+    permission_classes = [IsEnabledPushAgent]
+    parser_classes = [XmlDocumentParser, TextXmlDocumentParser]
+    throttle_classes = []
+
+    @extend_schema(
+        operation_id="ingest_nvidia_smi",
+        summary="Push an nvidia-smi document",
+        description=(
+            "Body: the output of `nvidia-smi -q -x` (Content-Type application/xml or text/xml), e.g. "
+            "`nvidia-smi -q -x | curl --fail -H \"Authorization: Bearer $TOKEN\" -H 'Content-Type: application/xml' "
+            "--data-binary @- https://fleet/api/v1/ingest/nvidia-smi/`. Unknown GPUs (and their GPU model) are "
+            "added to the agent's host; differences from the inventory are recorded as drift. A document sent "
+            "twice is stored once. From inside a VM, pass `hostname` = the VM's name in the inventory."
+        ),
+        request={"application/xml": OpenApiTypes.STR, "text/xml": OpenApiTypes.STR},
+        parameters=[OpenApiParameter(
+            "hostname", str, description="Host (or, from inside a VM, the VM) the document is from; default: the "
+                                         "agent's host, else the agent's name",
+        )],
+        responses={
+            201: IngestResultSerializer,
+            400: _error("Malformed document, refused XML (entities), or a stamp too far from the server's clock; "
+                        "recorded on the agent"),
+            401: _error("Missing or invalid agent token"),
+            403: _error("The agent is disabled, or is not of kind nvidia-smi"),
+            413: _error("Larger than TELEMETRY_MAX_RESPONSE_BYTES"),
+            415: _error("Content-Type is not application/xml or text/xml"),
+        },
+        tags=["ingest"],
+    )
+    def post(self, request):
+        agent: Agent = request.auth
+        received_at = time.time()
+        try:
+            document = request.data
+            if not isinstance(document, bytes):  # DRF parses no empty body, nor one without Content-Type
+                if request.content_type.split(";")[0].strip().lower() not in XML_MEDIA_TYPES:
+                    raise exceptions.UnsupportedMediaType(
+                        request.content_type or "none", "Content-Type must be application/xml or text/xml.")
+                document = b""
+        except exceptions.APIException as exc:
+            _record_failure(agent, received_at, str(exc.detail))
+            raise
+        hostname = request.query_params.get("hostname", "").strip()
+        if len(hostname) > MAX_HOSTNAME:
+            message = f"hostname: at most {MAX_HOSTNAME} characters"
+            _record_failure(agent, received_at, message)
+            return Response({"detail": message}, status=status.HTTP_400_BAD_REQUEST)
+        hostname = hostname or (agent.host.name if agent.host else agent.name)
+        try:
+            if not document:
+                raise PayloadError("empty body: expected an nvidia-smi -q -x document")
+            report = parse_nvidia_smi(document, hostname=hostname, received_at=received_at)
+        except PayloadError as exc:
+            _record_failure(agent, received_at, str(exc))
+            return Response({"detail": str(exc)}, status=status.HTTP_400_BAD_REQUEST)
+        stats = store_reports([(agent, report)], received_at=received_at)
+        if agent.pk in stats.errors:
+            _record_failure(agent, received_at, stats.errors[agent.pk])
+            return Response({"detail": stats.errors[agent.pk]}, status=status.HTTP_400_BAD_REQUEST)
+        moment = datetime.fromtimestamp(received_at, tz=UTC)
+        Agent.objects.filter(pk=agent.pk).update(
+            last_seen=moment, last_attempt=moment, consecutive_failures=0,
+            clock_skew_s=round(report.collected_at - received_at, 3),
+        )
+        body = {"gpu_samples": stats.gpu_samples, "vgpu_samples": stats.vgpu_samples, "drifts": stats.drifts,
+                "discovered_gpus": stats.discovered_gpus}
+        return Response(body, status=status.HTTP_201_CREATED)
+
+
+def _record_failure(agent: Agent, received_at: float, message: str) -> None:
+    """Show the refusal on the agent (admin list, status "error"); an update, so no save() races."""
+    moment = datetime.fromtimestamp(received_at, tz=UTC)
+    Agent.objects.filter(pk=agent.pk).update(
+        last_error=f"nvidia-smi push refused: {message}", last_error_at=moment, last_attempt=moment,
+        consecutive_failures=F("consecutive_failures") + 1,
+    )

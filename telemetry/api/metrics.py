@@ -1,0 +1,391 @@
+"""Time series of one GPU or one VM from the rollups: `gpus/{id}/metrics/`, `vms/{id}/metrics/`.
+
+`?start=&end=` are required (a bounded range: at most MAX_RANGE_DAYS, at most MAX_POINTS
+points), ISO 8601 or Unix seconds; a time without an offset is UTC. `?step=` in seconds is a
+multiple of 300 below an hour (read from the 5-minute rollups) or a multiple of 3600 (read from
+the hourly rollups); without it the smallest of STEP_LADDER giving at most DEFAULT_POINTS
+points is used. `?metric=` (repeatable or comma-separated) picks series; default all.
+
+Buckets start at multiples of `step` since the epoch; the response lists every bucket from the
+one holding `start` up to `end` (exclusive), with null where there is no data, so a chart shows
+gaps as gaps. When `step` is wider than the rollups read, each point merges several rollup
+buckets as `telemetry.aggregation` defines: sample-weighted avg, max of maxes, max of p95s (an
+upper bound of the true p95).
+
+Who sees what is `fleet.queries`' scoping: an artist reads their own VMs and the GPUs carrying
+them; anything else is 404; anonymous callers get 401.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+
+from django.db.models import Model
+from django.shortcuts import get_object_or_404
+from django.utils.dateparse import parse_date, parse_datetime
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
+from rest_framework import serializers
+from rest_framework.exceptions import ValidationError
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from fleet.queries import visible_gpus, visible_vms
+from telemetry.aggregation import EPOCH, bucket_floor, max_or_none, weighted_mean
+from telemetry.models import GpuRollup, VmRollup
+
+MAX_RANGE_DAYS = 400
+MAX_POINTS = 10_000
+DEFAULT_POINTS = 720
+STEP_LADDER = (300, 600, 900, 1800, 3600, 7200, 10800, 21600, 43200, 86400, 172800, 604800)
+HOURLY = 3600
+FIVE_MINUTES = 300
+
+
+@dataclass(frozen=True)
+class Metric:
+    """A metric name of the API and the rollup columns behind each of its statistics."""
+
+    name: str
+    stats: tuple[str, ...]
+    gpu_only: bool = False
+    #: fb_used_pct: fb_used_mib's columns as a percentage of the capacity column.
+    percent_of_capacity: bool = False
+
+    def column(self, stat: str) -> str:
+        base = "fb_used_mib" if self.percent_of_capacity else self.name
+        return f"{base}_{stat}"
+
+
+METRICS = {m.name: m for m in (
+    Metric("util_gpu", ("avg", "max", "p95")),
+    Metric("util_mem", ("avg", "max")),
+    Metric("fb_used_mib", ("avg", "max", "p95")),
+    Metric("fb_used_pct", ("avg", "max", "p95"), percent_of_capacity=True),
+    Metric("enc_util", ("avg", "max")),
+    Metric("dec_util", ("avg", "max")),
+    Metric("temp_c", ("avg", "max"), gpu_only=True),
+    Metric("power_w", ("avg", "max"), gpu_only=True),
+    Metric("sm_clock_mhz", ("avg",), gpu_only=True),
+)}
+GPU_METRICS = tuple(METRICS)
+VM_METRICS = tuple(name for name, m in METRICS.items() if not m.gpu_only)
+
+
+# Parsing -----------------------------------------------------------------------------------
+
+_NUMBER = re.compile(r"[+-]?(\d+(\.\d*)?|\.\d+)")
+# A "+02:00" offset arrives as " 02:00" when the caller did not percent-encode the "+".
+_SPACED_OFFSET = re.compile(r"(T\d{2}:\d{2}(:\d{2}(\.\d+)?)?) (\d{2}:?\d{2})$")
+
+
+def parse_time(raw: str, name: str) -> datetime:
+    """An aware UTC datetime from ISO 8601 (date, or date and time; no offset means UTC) or Unix
+    seconds; ValidationError naming the parameter otherwise."""
+    text = raw.strip()
+    try:
+        if _NUMBER.fullmatch(text):
+            return EPOCH + timedelta(seconds=float(text))
+        text = _SPACED_OFFSET.sub(r"\1+\4", text)
+        moment = parse_datetime(text)
+        if moment is None and (day := parse_date(text)) is not None:
+            moment = datetime(day.year, day.month, day.day)
+    except (ValueError, OverflowError):
+        moment = None
+    if moment is None:
+        raise ValidationError({name: [f"{raw!r} is not a time: use ISO 8601 (2026-03-01T12:00:00Z) or Unix seconds."]})
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)
+    return moment.astimezone(UTC)
+
+
+def parse_step(raw: str | None, start: datetime, end: datetime) -> int:
+    """`step` in seconds: given (a multiple of 300 below an hour, else of 3600) or chosen."""
+    if raw is None or raw.strip() == "":
+        span = (end - start).total_seconds()
+        return next((s for s in STEP_LADDER if math.ceil(span / s) <= DEFAULT_POINTS), STEP_LADDER[-1])
+    try:
+        step = int(raw.strip())
+    except ValueError:
+        raise ValidationError({"step": [f"{raw!r} is not a whole number of seconds."]}) from None
+    if step <= 0 or (step < HOURLY and step % FIVE_MINUTES) or (step >= HOURLY and step % HOURLY):
+        raise ValidationError({"step": [
+            f"{step} s is not a step the rollups can serve: use a multiple of 300 below 3600 "
+            f"(300, 600, 900, 1800) or a multiple of 3600.",
+        ]})
+    return step
+
+
+def parse_metrics(request: Request, allowed: tuple[str, ...], subject: str) -> tuple[str, ...]:
+    names = [n.strip() for raw in request.query_params.getlist("metric") for n in raw.split(",") if n.strip()]
+    if not names:
+        return allowed
+    unknown = [n for n in names if n not in allowed]
+    if unknown:
+        raise ValidationError({"metric": [
+            f"{', '.join(map(repr, unknown))} not available for a {subject}; use {', '.join(allowed)}.",
+        ]})
+    return tuple(dict.fromkeys(names))
+
+
+@dataclass(frozen=True)
+class Window:
+    start: datetime  # start of the first bucket
+    end: datetime  # as requested, exclusive
+    step: int
+    source_step: int
+    points: int
+
+
+def parse_window(request: Request) -> Window:
+    """The bounded range and step of a request, or ValidationError naming the parameter."""
+    params = request.query_params
+    missing = [name for name in ("start", "end") if not params.get(name, "").strip()]
+    if missing:
+        raise ValidationError({name: ["Required: the range must be bounded (ISO 8601 or Unix seconds)."]
+                               for name in missing})
+    start = parse_time(params["start"], "start")
+    end = parse_time(params["end"], "end")
+    if end <= start:
+        raise ValidationError({"end": ["Must be later than start."]})
+    if end - start > timedelta(days=MAX_RANGE_DAYS):
+        raise ValidationError({"end": [f"The range may span at most {MAX_RANGE_DAYS} days."]})
+    step = parse_step(params.get("step"), start, end)
+    first = bucket_floor(start, step)
+    points = math.ceil((end - first).total_seconds() / step)
+    if points > MAX_POINTS:
+        least = next((s for s in STEP_LADDER if math.ceil((end - start).total_seconds() / s) < MAX_POINTS), None)
+        hint = f"; use a step of at least {least} s or a shorter range" if least else ""
+        raise ValidationError({"step": [
+            f"A step of {step} s over this range gives {points:,} points, more than {MAX_POINTS:,}{hint}.",
+        ]})
+    return Window(start=first, end=end, step=step, source_step=HOURLY if step >= HOURLY else FIVE_MINUTES,
+                  points=points)
+
+
+# Series ------------------------------------------------------------------------------------
+
+
+def build_series(rows: list[tuple], window: Window, metrics: tuple[str, ...], capacity_fallback: float | None = None,
+                 ) -> dict[str, dict[str, list]]:
+    """Dense series from rollup rows `(bucket, samples, capacity, *columns)` (columns in the
+    order of `columns_for(metrics)`): one point per `window.step`, None where no rollup fell."""
+    columns = columns_for(metrics)
+    index = {column: i + 3 for i, column in enumerate(columns)}
+    per_point: list[list[tuple]] = [[] for _ in range(window.points)]
+    start_s = window.start.timestamp()
+    for row in rows:
+        per_point[int((row[0].timestamp() - start_s) // window.step)].append(row)
+
+    def capacity(row) -> float | None:
+        return row[2] or capacity_fallback
+
+    times = [_iso(window.start + timedelta(seconds=i * window.step)) for i in range(window.points)]
+    series = {}
+    for name in metrics:
+        metric = METRICS[name]
+        out: dict[str, list] = {"t": times}
+        for stat in metric.stats:
+            i = index[metric.column(stat)]
+            if metric.percent_of_capacity:
+                def value(row, i=i):
+                    cap = capacity(row)
+                    return row[i] * 100.0 / cap if row[i] is not None and cap else None
+            else:
+                def value(row, i=i):
+                    return row[i]
+            if stat == "avg":
+                out[stat] = [weighted_mean((value(r), r[1]) for r in rows_) for rows_ in per_point]
+            else:  # max of maxes, max of p95s (an upper bound; see telemetry.aggregation)
+                out[stat] = [max_or_none(value(r) for r in rows_) for rows_ in per_point]
+        series[name] = out
+    return series
+
+
+def columns_for(metrics: tuple[str, ...]) -> list[str]:
+    return list(dict.fromkeys(METRICS[name].column(stat) for name in metrics for stat in METRICS[name].stats))
+
+
+def _iso(moment: datetime) -> str:
+    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+# Schema ------------------------------------------------------------------------------------
+
+
+class MetricSeriesSerializer(serializers.Serializer):
+    """One metric: bucket start times and, aligned with them, one list per statistic."""
+
+    t = serializers.ListField(child=serializers.DateTimeField(), help_text="Start of each bucket (UTC)")
+    avg = serializers.ListField(child=serializers.FloatField(allow_null=True), required=False,
+                                help_text="Mean of the readings (sample-weighted when buckets are merged)")
+    max = serializers.ListField(child=serializers.FloatField(allow_null=True), required=False,
+                                help_text="Highest reading")
+    p95 = serializers.ListField(child=serializers.FloatField(allow_null=True), required=False,
+                                help_text="Nearest-rank 95th percentile; when `step` merges several rollup "
+                                          "buckets, the highest of their p95s (an upper bound)")
+
+
+_HELP = {
+    "util_gpu": "3D/compute utilization, % (avg, max, p95)",
+    "util_mem": "Memory controller utilization, % (avg, max)",
+    "fb_used_mib": "Frame buffer used, MiB (avg, max, p95)",
+    "fb_used_pct": "Frame buffer used, % of the GPU's frame buffer or of the VM's profiles (avg, max, p95)",
+    "enc_util": "Encoder utilization, % (avg, max)",
+    "dec_util": "Decoder utilization, % (avg, max)",
+    "temp_c": "Temperature, °C (avg, max)",
+    "power_w": "Power draw, W (avg, max)",
+    "sm_clock_mhz": "SM clock, MHz (avg)",
+}
+
+
+def _series_serializer(name: str, metrics: tuple[str, ...]) -> type[serializers.Serializer]:
+    fields = {m: MetricSeriesSerializer(required=False, help_text=_HELP[m]) for m in metrics}
+    return type(name, (serializers.Serializer,), fields)
+
+
+GpuMetricSeriesSerializer = _series_serializer("GpuMetricSeriesSerializer", GPU_METRICS)
+VmMetricSeriesSerializer = _series_serializer("VmMetricSeriesSerializer", VM_METRICS)
+
+
+class _WindowFields(serializers.Serializer):
+    step = serializers.IntegerField(help_text="Seconds per point")
+    source_step = serializers.IntegerField(help_text="Rollups read: 300 (5-minute) or 3600 (hourly)")
+    start = serializers.DateTimeField(help_text="Start of the first bucket: `start` rounded down to the step")
+    end = serializers.DateTimeField(help_text="End of the range as requested (exclusive)")
+
+
+class GpuMetricsSerializer(_WindowFields):
+    gpu = serializers.IntegerField()
+    series = GpuMetricSeriesSerializer(help_text="The requested metrics (all by default)")
+
+
+class VmMetricsSerializer(_WindowFields):
+    vm = serializers.IntegerField()
+    series = VmMetricSeriesSerializer(help_text="The requested metrics (all by default)")
+
+
+class MetricsErrorSerializer(serializers.Serializer):
+    """A 400: messages per parameter."""
+
+    start = serializers.ListField(child=serializers.CharField(), required=False)
+    end = serializers.ListField(child=serializers.CharField(), required=False)
+    step = serializers.ListField(child=serializers.CharField(), required=False)
+    metric = serializers.ListField(child=serializers.CharField(), required=False)
+
+
+def _parameters(metrics: tuple[str, ...], subject: str) -> list[OpenApiParameter]:
+    return [
+        OpenApiParameter("id", OpenApiTypes.INT, OpenApiParameter.PATH, description=f"The {subject}'s id"),
+        OpenApiParameter("start", OpenApiTypes.STR, required=True,
+                         description="Start of the range: ISO 8601 (no offset means UTC) or Unix seconds"),
+        OpenApiParameter("end", OpenApiTypes.STR, required=True,
+                         description=f"End of the range (exclusive); at most {MAX_RANGE_DAYS} days after start"),
+        OpenApiParameter("step", OpenApiTypes.INT,
+                         description="Seconds per point: a multiple of 300 below 3600 (5-minute rollups) or "
+                                     f"of 3600 (hourly rollups); at most {MAX_POINTS:,} points. Default: the "
+                                     f"smallest of {', '.join(map(str, STEP_LADDER))} giving at most "
+                                     f"{DEFAULT_POINTS} points"),
+        OpenApiParameter("metric", OpenApiTypes.STR, many=True, enum=list(metrics),
+                         description="Series to return (repeat or comma-separate); default all"),
+    ]
+
+
+_DESCRIPTION = (
+    "Time series of the GPU from its rollups. `start` and `end` are required (ISO 8601, where no offset "
+    f"means UTC, or Unix seconds): at most {MAX_RANGE_DAYS} days and {MAX_POINTS:,} points. Points start at "
+    "multiples of `step` since the epoch, from the one holding `start` up to `end` (exclusive); every point "
+    "is listed, with null where no data was collected. A `step` wider than the rollups read merges them: "
+    "sample-weighted avg, highest max, highest p95 (an upper bound of the true p95). p95 is nearest-rank: "
+    "a reading that was really taken, with at least 95% of the readings at or below it. Each metric lists "
+    "only the statistics it has (see the schema). An artist may read the GPUs carrying their VMs; other "
+    "GPUs are 404."
+)
+
+_BAD_REQUEST = OpenApiResponse(MetricsErrorSerializer, description="A missing, invalid or unbounded parameter")
+
+
+# Views -------------------------------------------------------------------------------------
+
+
+class _MetricsView(APIView):
+    subject: str  # key of the entity's id in the response, and its rollups' foreign key
+    label: str
+    metrics: tuple[str, ...]
+    rollup_model: type[Model]
+    capacity_column: str
+
+    def get_entity(self, request: Request, pk: int):
+        raise NotImplementedError
+
+    def rows(self, entity, window: Window, metrics: tuple[str, ...]) -> list[tuple]:
+        rollups = self.rollup_model.objects.filter(
+            **{self.subject: entity}, step_s=window.source_step, bucket__gte=window.start, bucket__lt=window.end,
+        ).order_by("bucket")
+        return list(rollups.values_list("bucket", "samples", self.capacity_column, *columns_for(metrics)))
+
+    def get(self, request: Request, pk: int) -> Response:
+        entity = self.get_entity(request, pk)
+        window = parse_window(request)
+        metrics = parse_metrics(request, self.metrics, self.label)
+        series = build_series(self.rows(entity, window, metrics), window, metrics, self.capacity_fallback(entity))
+        return Response({
+            self.subject: entity.pk, "step": window.step, "source_step": window.source_step,
+            "start": _iso(window.start), "end": _iso(window.end), "series": series,
+        })
+
+    def capacity_fallback(self, entity) -> float | None:
+        return None
+
+
+class GpuMetricsView(_MetricsView):
+    subject = "gpu"
+    label = "GPU"
+    metrics = GPU_METRICS
+    rollup_model = GpuRollup
+    capacity_column = "fb_total_mib"
+
+    def get_entity(self, request, pk):
+        return get_object_or_404(visible_gpus(request.user).select_related("gpu_model"), pk=pk)
+
+    def capacity_fallback(self, entity) -> float | None:
+        # Rollups of GPUs that report no total frame buffer: the model's catalog figure.
+        return float(entity.gpu_model.fb_mib)
+
+    @extend_schema(
+        operation_id="gpus_metrics",
+        summary="GPU time series",
+        description=_DESCRIPTION,
+        parameters=_parameters(GPU_METRICS, "GPU"),
+        responses={200: GpuMetricsSerializer, 400: _BAD_REQUEST},
+    )
+    def get(self, request: Request, pk: int) -> Response:
+        return super().get(request, pk)
+
+
+class VmMetricsView(_MetricsView):
+    subject = "vm"
+    label = "VM"
+    metrics = VM_METRICS
+    rollup_model = VmRollup
+    capacity_column = "profile_fb_mib"
+
+    def get_entity(self, request, pk):
+        return get_object_or_404(visible_vms(request.user), pk=pk)
+
+    @extend_schema(
+        operation_id="vms_metrics",
+        summary="VM time series",
+        description="The VM's vGPUs together: frame buffer summed over its vGPUs and utilization the "
+                    "busiest vGPU's at each reading; `fb_used_pct` is of the frame buffer its profiles "
+                    "gave it; an artist may read only their own VMs. Parameters and shape as for "
+                    "`gpus/{id}/metrics/`.",
+        parameters=_parameters(VM_METRICS, "VM"),
+        responses={200: VmMetricsSerializer, 400: _BAD_REQUEST},
+    )
+    def get(self, request: Request, pk: int) -> Response:
+        return super().get(request, pk)

@@ -1,0 +1,27 @@
+"""Routes of the v1 telemetry API, mounted at /api/v1/ after the fleet routes (config/urls.py).
+
+Each resource keeps its own block, so adding one touches no other line.
+"""
+
+from django.urls import path
+from rest_framework.routers import SimpleRouter
+
+from telemetry.api import agents, ingest, metrics
+
+urlpatterns = []
+
+# agents/: the sources we collect from (staff only).
+router = SimpleRouter()
+router.register("agents", agents.AgentViewSet, basename="agent")
+urlpatterns += router.urls
+
+# gpus/{id}/metrics/, vms/{id}/metrics/: time series from the rollups.
+urlpatterns += [
+    path("gpus/<int:pk>/metrics/", metrics.GpuMetricsView.as_view(), name="gpu-metrics"),
+    path("vms/<int:pk>/metrics/", metrics.VmMetricsView.as_view(), name="vm-metrics"),
+]
+
+# ingest/nvidia-smi/: hosts without an agent push nvidia-smi -q -x documents (agent token).
+urlpatterns += [
+    path("ingest/nvidia-smi/", ingest.NvidiaSmiIngestView.as_view(), name="ingest-nvidia-smi"),
+]

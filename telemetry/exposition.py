@@ -1,0 +1,182 @@
+"""Prometheus exposition at /metrics: the fleet's newest readings and capacity as gauges.
+
+So a studio's existing Prometheus and Grafana can chart and alert on the fleet without
+talking to the agents. One scrape costs a fixed number of queries (five) whatever the fleet's
+size. Values come from the newest sample of each GPU and vGPU, if it is no older than
+TELEMETRY_STALE_AFTER_S; a stale or missing reading, or a metric the GPU does not report, is
+left out (no series) rather than shown as 0, so `absent()` alerts and gaps work as expected.
+
+Access (METRICS_TOKEN, documented in .env.example): when the setting is set, a scrape must send
+`Authorization: Bearer <METRICS_TOKEN>`; when unset, only staff sessions and requests from
+loopback may read it.
+"""
+
+from __future__ import annotations
+
+import hmac
+import ipaddress
+from collections import Counter, defaultdict
+from collections.abc import Iterator
+from datetime import datetime, timedelta
+
+from django.conf import settings
+from django.http import HttpRequest, HttpResponse
+from django.utils import timezone
+from django.views.decorators.cache import never_cache
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from fleet.choices import GpuMode
+from fleet.models import Gpu, Vgpu
+from fleet.queries import is_fleet_admin
+from telemetry.models import Agent, AgentStatus
+from telemetry.queries import latest_gpu_samples, latest_vgpu_samples
+
+PREFIX = "vgpu_fleet"
+GPU_LABELS = ["host", "gpu_uuid", "pci_bus_id", "gpu_model"]
+VGPU_LABELS = ["host", "gpu_uuid", "vm", "artist", "profile"]
+
+#: (sample field, metric name, help) of the per-GPU gauges.
+GPU_GAUGES = (
+    ("util_gpu", "gpu_utilization_percent", "3D/compute utilization of the GPU, %"),
+    ("util_mem", "gpu_memory_utilization_percent", "Memory controller utilization of the GPU, %"),
+    ("fb_used_mib", "gpu_fb_used_mib", "Frame buffer used on the GPU, MiB"),
+    ("fb_total_mib", "gpu_fb_total_mib", "Frame buffer of the GPU, MiB"),
+    ("temp_c", "gpu_temperature_celsius", "GPU temperature, degrees Celsius"),
+    ("power_w", "gpu_power_watts", "GPU power draw, watts"),
+    ("sm_clock_mhz", "gpu_sm_clock_mhz", "SM clock of the GPU, MHz"),
+    ("enc_util", "gpu_encoder_utilization_percent", "Video encoder utilization of the GPU, %"),
+    ("dec_util", "gpu_decoder_utilization_percent", "Video decoder utilization of the GPU, %"),
+)
+#: (sample field, metric name, help) of the per-vGPU gauges; utilization is a share of the GPU.
+VGPU_GAUGES = (
+    ("fb_used_mib", "vgpu_fb_used_mib", "Frame buffer used by the vGPU, MiB"),
+    ("util_gpu", "vgpu_utilization_percent", "3D/compute utilization of the vGPU, % of the physical GPU"),
+    ("util_mem", "vgpu_memory_utilization_percent", "Memory controller utilization of the vGPU, % of the GPU"),
+    ("enc_util", "vgpu_encoder_utilization_percent", "Encoder utilization of the vGPU, % of the GPU"),
+    ("dec_util", "vgpu_decoder_utilization_percent", "Decoder utilization of the vGPU, % of the GPU"),
+)
+
+
+def _gauge(name: str, documentation: str, labels: list[str]) -> GaugeMetricFamily:
+    return GaugeMetricFamily(f"{PREFIX}_{name}", documentation, labels=labels)
+
+
+class FleetCollector(Collector):
+    """Yields the fleet's gauges from the database at collection time (five queries)."""
+
+    def __init__(self, now: datetime | None = None):
+        self.now = now
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        now = self.now or timezone.now()
+        since = now - timedelta(seconds=settings.TELEMETRY_STALE_AFTER_S)
+        gpus = {gpu.pk: gpu for gpu in Gpu.objects.select_related("host", "gpu_model").order_by("pk")}
+        yield from self._gpu_gauges(gpus, latest_gpu_samples(since=since), now)
+        vgpus = list(Vgpu.objects.select_related("vm__artist", "profile").order_by("gpu_id", "placement_id"))
+        yield from self._vgpu_gauges(gpus, vgpus, latest_vgpu_samples(since=since))
+        yield from self._capacity_gauges(gpus, vgpus)
+        yield from self._agent_gauges(now)
+
+    def _gpu_gauges(self, gpus: dict[int, Gpu], samples: dict[int, dict], now: datetime):
+        families = [(field, _gauge(name, doc, GPU_LABELS)) for field, name, doc in GPU_GAUGES]
+        age = _gauge("gpu_sample_age_seconds", "Seconds since the GPU's newest sample was taken", GPU_LABELS)
+        for gpu_id, sample in sorted(samples.items()):
+            gpu = gpus.get(gpu_id)
+            if gpu is None:  # removed between the two queries
+                continue
+            labels = [gpu.host.name, gpu.uuid, gpu.pci_bus_id, gpu.gpu_model.name]
+            for field, family in families:
+                if sample[field] is not None:
+                    family.add_metric(labels, sample[field])
+            age.add_metric(labels, max(0.0, (now - sample["ts"]).total_seconds()))
+        yield from (family for _, family in families)
+        yield age
+
+    def _vgpu_gauges(self, gpus: dict[int, Gpu], vgpus: list[Vgpu], samples: dict[tuple[int, int], dict]):
+        families = [(field, _gauge(name, doc, VGPU_LABELS)) for field, name, doc in VGPU_GAUGES]
+        profile_fb = _gauge("vgpu_profile_fb_mib", "Frame buffer the vGPU's profile gives it, MiB", VGPU_LABELS)
+        for vgpu in vgpus:
+            gpu = gpus.get(vgpu.gpu_id)
+            if gpu is None:
+                continue
+            artist = vgpu.vm.artist.name if vgpu.vm.artist else ""
+            labels = [gpu.host.name, gpu.uuid, vgpu.vm.name, artist, vgpu.profile.name]
+            profile_fb.add_metric(labels, vgpu.profile.fb_mib)
+            sample = samples.get((vgpu.vm_id, vgpu.gpu_id))
+            if sample is None:
+                continue
+            for field, family in families:
+                if sample[field] is not None:
+                    family.add_metric(labels, sample[field])
+        yield from (family for _, family in families)
+        yield profile_fb
+
+    def _capacity_gauges(self, gpus: dict[int, Gpu], vgpus: list[Vgpu]):
+        count = _gauge("gpus", "Physical GPUs in the inventory", ["gpu_model", "mode"])
+        total = _gauge("fb_total_mib", "Frame buffer of the GPUs in vGPU mode, MiB", ["gpu_model"])
+        placed = _gauge("vgpus_placed", "vGPUs placed on GPUs", ["gpu_model"])
+        allocated = _gauge("fb_allocated_mib", "Frame buffer given to placed vGPUs (their profiles), MiB",
+                           ["gpu_model"])
+        gpu_count = Counter((g.gpu_model.name, g.mode) for g in gpus.values())
+        fb_total: dict[str, int] = defaultdict(int)
+        for gpu in gpus.values():
+            if gpu.mode == GpuMode.VGPU:
+                fb_total[gpu.gpu_model.name] += gpu.gpu_model.fb_mib
+        vgpu_count: Counter[str] = Counter()
+        fb_allocated: dict[str, int] = defaultdict(int)
+        for vgpu in vgpus:
+            if (gpu := gpus.get(vgpu.gpu_id)) is not None:
+                vgpu_count[gpu.gpu_model.name] += 1
+                fb_allocated[gpu.gpu_model.name] += vgpu.profile.fb_mib
+        for (model, mode), n in sorted(gpu_count.items()):
+            count.add_metric([model, mode], n)
+        for model in sorted(fb_total):
+            total.add_metric([model], fb_total[model])
+            placed.add_metric([model], vgpu_count[model])
+            allocated.add_metric([model], fb_allocated[model])
+        yield from (count, total, placed, allocated)
+
+    def _agent_gauges(self, now: datetime):
+        labels = ["agent", "kind", "host"]
+        up = _gauge("agent_up", "1 when the agent's last collection succeeded recently, else 0", labels)
+        age = _gauge("agent_last_seen_age_seconds", "Seconds since the agent's last successful collection", labels)
+        for agent in Agent.objects.filter(enabled=True).select_related("host").order_by("name"):
+            values = [agent.name, agent.kind, agent.host.name if agent.host else ""]
+            up.add_metric(values, 1 if agent.status == AgentStatus.OK else 0)
+            if agent.last_seen is not None:
+                age.add_metric(values, max(0.0, (now - agent.last_seen).total_seconds()))
+        yield from (up, age)
+
+
+def _from_loopback(request: HttpRequest) -> bool:
+    try:
+        address = ipaddress.ip_address(request.META.get("REMOTE_ADDR", ""))
+    except ValueError:
+        return False
+    mapped = getattr(address, "ipv4_mapped", None)
+    return (mapped or address).is_loopback
+
+
+def _bearer_matches(request: HttpRequest, token: str) -> bool:
+    scheme, _, given = request.headers.get("Authorization", "").partition(" ")
+    return scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode(), token.encode())
+
+
+@never_cache
+def metrics_view(request: HttpRequest) -> HttpResponse:
+    """The exposition (text format 0.0.4), behind METRICS_TOKEN or staff-or-loopback."""
+    token = settings.METRICS_TOKEN
+    if token:
+        if not _bearer_matches(request, token):
+            response = HttpResponse("A valid `Authorization: Bearer <METRICS_TOKEN>` header is required.\n",
+                                    status=401, content_type="text/plain")
+            response["WWW-Authenticate"] = 'Bearer realm="metrics"'
+            return response
+    elif not (is_fleet_admin(request.user) or _from_loopback(request)):
+        return HttpResponse("Only staff and loopback may read /metrics unless METRICS_TOKEN is set.\n",
+                            status=403, content_type="text/plain")
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(FleetCollector())
+    return HttpResponse(generate_latest(registry), content_type=CONTENT_TYPE_LATEST)

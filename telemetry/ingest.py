@@ -1,0 +1,499 @@
+"""Storing reports: map what sources say onto the inventory, keep the samples, note the drift.
+
+`store_reports` is the single write path of telemetry: the collector (agents, dcgm-exporter)
+and the nvidia-smi push API both call it with validated `Report`s. Rules, and why:
+
+- Clock: a report stamped further than TELEMETRY_MAX_CLOCK_SKEW_S from its arrival is refused
+  (its samples would land in the wrong rollup buckets); the refusal is returned per agent in
+  `IngestStats.errors` for the caller to record, and the other agents' reports are stored.
+- Samples are stamped with `collected_at` truncated to the whole second. Sources are polled
+  seconds apart; two readings of one GPU inside one second are one reading sent twice (a
+  retried task, an overlapping beat run, a re-posted document) and must count once in the
+  averages. With the per-entity unique keys and conflict-ignoring inserts, a repeated report
+  stores nothing twice.
+- GPUs are identified by UUID only. A GPU that the inventory places on another host than the
+  reporting one gets a `gpu_elsewhere` drift; its samples are still stored (it is the same
+  GPU), and the inventory is not changed: it stays the admin's word.
+- Discovery: an unknown UUID is added to the reporting host, which is the agent's host, else
+  the inventory host named like the report's hostname (case-insensitive, or its first DNS
+  label), else a new host of that name with placeholder capacity (PLACEHOLDER_CPU_THREADS,
+  PLACEHOLDER_RAM_GIB: small enough that no VM can be placed on it until an admin enters the
+  real figures, so a guess never over-commits a real server). Its GPU model is found by
+  product name without "NVIDIA "/"GRID " prefixes, or created with the reported frame buffer
+  and no vGPU profiles. An inventory GPU at the same host and PCI bus id without a UUID is the
+  same board: it gets the UUID. Every discovery opens an `unknown_gpu` drift, which stays open
+  until an admin resolves it after reviewing the new rows (the GPU is known from then on, so
+  no later report could show it to be over).
+- vGPUs map to VMs by VM UUID, then by name. An unknown VM gets an `unknown_vm` drift and no
+  sample (a sample needs its VM). A known VM with no vGPU declared on that GPU gets a
+  `vgpu_missing` drift and its sample is stored without a vGPU; a type other than the
+  declared profile gets a `profile` drift. A guest VM's own reading (`Report.guest_vgpus`)
+  maps the same way and is stored against the GPU its declared vGPU sits on.
+- Drift rows are upserted: one open row per kind and subject, `last_seen` bumped while the
+  difference is reported. A later accepted report from the same agent that no longer shows it
+  resolves it (`resolved_at`), for every kind except `unknown_gpu` (see above).
+- One transaction per call, and a constant number of queries per call whatever the number of
+  agents and GPUs (lookups in bulk; inserts batched by Django, which on SQLite means one
+  INSERT per ~90 samples because of its 999-parameter cap).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import time
+import uuid as uuid_lib
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models import Q
+from django.db.models.functions import Lower
+
+from fleet.choices import GpuMode
+from fleet.models import Gpu, GpuModel, Host, Vgpu, VirtualMachine
+from telemetry.models import Agent, Drift, DriftKind, GpuSample, VgpuSample
+from telemetry.payload import GpuReading, Report, VgpuReading, model_key, profile_key
+
+PLACEHOLDER_CPU_THREADS = 1
+PLACEHOLDER_RAM_GIB = 1
+
+# Kinds a later report can show to be over (unknown_gpu records a discovery: see module doc).
+SELF_RESOLVING = frozenset({
+    DriftKind.GPU_ELSEWHERE, DriftKind.GPU_MODEL, DriftKind.UNKNOWN_VM, DriftKind.VGPU_MISSING, DriftKind.PROFILE,
+})
+MAX_SUBJECT = Drift._meta.get_field("subject").max_length
+
+_BRAND = re.compile(r"^(?:(?:NVIDIA|GRID|Tesla|Quadro|GeForce)\s+)+", re.IGNORECASE)
+_MAX_CODE = GpuModel._meta.get_field("code").max_length
+
+
+@dataclass
+class IngestStats:
+    """What one `store_reports` call did.
+
+    `drifts`: differences found in the accepted reports (each an open Drift row now);
+    `resolved_drifts`: open rows that the reports showed to be over; `errors`: agent id ->
+    why its report was refused (nothing of it was stored), for the caller to record.
+    """
+
+    gpu_samples: int = 0
+    vgpu_samples: int = 0
+    drifts: int = 0
+    discovered_gpus: int = 0
+    resolved_drifts: int = 0
+    errors: dict[int, str] = field(default_factory=dict)
+
+
+def sample_time(collected_at: float) -> datetime:
+    """The timestamp samples of a report are stored under: whole seconds, UTC."""
+    return datetime.fromtimestamp(math.floor(collected_at), tz=UTC)
+
+
+def clock_problem(report: Report, received_at: float) -> str | None:
+    """Why a report's stamp cannot be trusted (too far from our clock), or None."""
+    skew = report.collected_at - received_at
+    limit = settings.TELEMETRY_MAX_CLOCK_SKEW_S
+    if abs(skew) <= limit:
+        return None
+    stamped = datetime.fromtimestamp(report.collected_at, tz=UTC).isoformat(timespec="seconds")
+    return (f"report refused: stamped {stamped}, {abs(skew):.0f} s {'ahead of' if skew > 0 else 'behind'} "
+            f"the server's clock (at most {limit:.0f} s allowed); check the clock of {report.hostname or 'the host'} "
+            f"(NTP). Nothing of it was stored.")
+
+
+def store_reports(
+    items: Iterable[tuple[Agent, Report]], received_at: datetime | float | None = None,
+) -> IngestStats:
+    """Store the samples of each (agent, report), discover GPUs, upsert and resolve drift.
+
+    `received_at` (a datetime or Unix seconds; now by default) is when the reports arrived:
+    stamps further from it than TELEMETRY_MAX_CLOCK_SKEW_S are refused per agent. Everything
+    accepted is written in one transaction.
+    """
+    if received_at is None:
+        received_s = time.time()
+    elif isinstance(received_at, datetime):
+        received_s = received_at.timestamp()
+    else:
+        received_s = float(received_at)
+    stats = IngestStats()
+    accepted = []
+    for agent, report in items:
+        problem = clock_problem(report, received_s)
+        if problem:
+            stats.errors[agent.pk] = problem
+        else:
+            accepted.append((agent, report))
+    if accepted:
+        with transaction.atomic():
+            _Batch(accepted, datetime.fromtimestamp(received_s, tz=UTC), stats).run()
+    return stats
+
+
+def _host_keys(hostname: str) -> set[str]:
+    """Lower-case names a host may be listed under: the full name and its first DNS label."""
+    name = hostname.strip().lower()
+    return {name, name.split(".", 1)[0]} - {""}
+
+
+def derive_code(name: str, taken: set[str]) -> str:
+    """A profile-style board code for a discovered model ("NVIDIA H200" -> "H200"), unique in `taken`."""
+    base = re.sub(r"[^A-Za-z0-9-]", "", _BRAND.sub("", " ".join(name.split())))[: _MAX_CODE - 4] or "GPU"
+    code, n = base, 2
+    while code.lower() in taken:
+        code, n = f"{base}-{n}", n + 1
+    taken.add(code.lower())
+    return code
+
+
+def _parse_uuid(value: str | None) -> uuid_lib.UUID | None:
+    try:
+        return uuid_lib.UUID(value) if value else None
+    except ValueError:
+        return None
+
+
+def _identity(report: Report, reading: GpuReading) -> dict:
+    return {"hostname": report.hostname, "uuid": reading.uuid, "name": reading.name,
+            "pci_bus_id": reading.pci_bus_id, "fb_total_mib": reading.fb_total_mib,
+            "virtualization_mode": reading.virtualization_mode}
+
+
+class _Batch:
+    """One store_reports call: bulk lookups, then mapping, then bulk writes."""
+
+    def __init__(self, items: list[tuple[Agent, Report]], now: datetime, stats: IngestStats):
+        self.items = items
+        self.now = now
+        self.stats = stats
+        self.gpus: dict[str, Gpu] = {}
+        self.hosts_by_id: dict[int, Host] = {}
+        self.hosts_by_key: dict[str, Host] = {}
+        self.vms_by_uuid: dict[uuid_lib.UUID, VirtualMachine] = {}
+        self.vms_by_name: dict[str, VirtualMachine] = {}
+        self.vgpus_by_vm: dict[int, list[Vgpu]] = defaultdict(list)
+        self.found: dict[tuple[str, str], tuple[Agent, str, dict]] = {}
+        self.gpu_samples: dict[tuple, GpuSample] = {}
+        self.vgpu_samples: dict[tuple, VgpuSample] = {}
+
+    def run(self) -> None:
+        self._load()
+        self._discover()
+        for agent, report in self.items:
+            self._map(agent, report)
+        self._write_samples()
+        self._write_drifts()
+
+    # -- lookups ------------------------------------------------------------------------------
+
+    def _load(self) -> None:
+        uuids = {gpu.uuid for _, report in self.items for gpu in report.gpus}
+        if uuids:
+            rows = Gpu.objects.filter(uuid__in=uuids).select_related("host", "gpu_model")
+            self.gpus = {gpu.uuid: gpu for gpu in rows}
+        host_ids = {agent.host_id for agent, _ in self.items if agent.host_id}
+        keys = set().union(*(_host_keys(report.hostname) for agent, report in self.items if not agent.host_id))
+        if host_ids or keys:
+            hosts = Host.objects.annotate(lname=Lower("name")).filter(Q(pk__in=host_ids) | Q(lname__in=keys))
+            for host in hosts:
+                self._add_host(host)
+        vm_uuids, vm_names = set(), set()
+        for _, report in self.items:
+            readings = [v for gpu in report.gpus for v in gpu.vgpus] + report.guest_vgpus
+            for reading in readings:
+                if (vm_uuid := _parse_uuid(reading.vm_uuid)) is not None:
+                    vm_uuids.add(vm_uuid)
+                if reading.vm_name:
+                    vm_names.add(reading.vm_name)
+        if vm_uuids or vm_names:
+            for vm in VirtualMachine.objects.filter(Q(uuid__in=vm_uuids) | Q(name__in=vm_names)):
+                self.vms_by_uuid[vm.uuid] = vm
+                self.vms_by_name[vm.name] = vm
+            vm_ids = {vm.pk for vm in self.vms_by_name.values()}
+            if vm_ids:
+                for vgpu in Vgpu.objects.filter(vm_id__in=vm_ids).select_related("profile", "gpu"):
+                    self.vgpus_by_vm[vgpu.vm_id].append(vgpu)
+
+    def _add_host(self, host: Host) -> None:
+        self.hosts_by_id[host.pk] = host
+        self.hosts_by_key.setdefault(host.name.lower(), host)
+
+    def _reporting_host(self, agent: Agent, report: Report) -> Host | None:
+        if agent.host_id:
+            return self.hosts_by_id.get(agent.host_id)
+        name = report.hostname.strip().lower()
+        return self.hosts_by_key.get(name) or self.hosts_by_key.get(name.split(".", 1)[0])
+
+    def _vm(self, reading: VgpuReading) -> VirtualMachine | None:
+        vm_uuid = _parse_uuid(reading.vm_uuid)
+        vm = self.vms_by_uuid.get(vm_uuid) if vm_uuid else None
+        return vm or (self.vms_by_name.get(reading.vm_name) if reading.vm_name else None)
+
+    def drift(self, agent: Agent, kind: str, subject: str, detail: str, reported: dict) -> None:
+        self.found[(kind, subject[:MAX_SUBJECT])] = (agent, detail, reported)
+
+    # -- discovery ----------------------------------------------------------------------------
+
+    def _discover(self) -> None:
+        """Add the GPUs nobody declared (and their hosts and models) to the inventory."""
+        pending: dict[str, tuple[Agent, Report, GpuReading]] = {}
+        for agent, report in self.items:
+            for reading in report.gpus:
+                if reading.uuid in self.gpus or reading.uuid in pending:
+                    continue
+                missing = [label for label, value in (("product name", reading.name),
+                                                     ("PCI bus id", reading.pci_bus_id),
+                                                     ("frame buffer size", reading.fb_total_mib)) if not value]
+                if missing:
+                    self.drift(agent, DriftKind.UNKNOWN_GPU, reading.uuid,
+                               f"GPU {reading.uuid} reported by {report.hostname or agent.name} is not in the "
+                               f"inventory and cannot be added: its {' and '.join(missing)} was not reported. "
+                               f"Add it by hand.", _identity(report, reading))
+                    continue
+                pending[reading.uuid] = (agent, report, reading)
+        if not pending:
+            return
+
+        # Hosts: the reporting one, or a new one named after the report's hostname.
+        new_hosts: dict[str, Host] = {}
+        target: dict[str, str | int] = {}  # GPU uuid -> host id, or name of a host to create
+        for uuid, (agent, report, _) in pending.items():
+            host = self._reporting_host(agent, report)
+            if host is not None:
+                target[uuid] = host.pk
+            else:
+                name = (report.hostname or agent.name).strip()
+                new_hosts.setdefault(name.lower(), Host(name=name, cpu_threads=PLACEHOLDER_CPU_THREADS,
+                                                        ram_gib=PLACEHOLDER_RAM_GIB))
+                target[uuid] = new_hosts[name.lower()].name
+
+        # A declared GPU at the same host and PCI bus id: the same board if it has no UUID yet.
+        existing = {}
+        host_ids = {t for t in target.values() if isinstance(t, int)}
+        if host_ids:
+            pcis = {pending[uuid][2].pci_bus_id for uuid in pending}
+            for gpu in Gpu.objects.filter(host_id__in=host_ids, pci_bus_id__in=pcis).select_related("host",
+                                                                                                    "gpu_model"):
+                existing[(gpu.host_id, gpu.pci_bus_id)] = gpu
+        adopted = []
+        for uuid in list(pending):
+            agent, report, reading = pending[uuid]
+            holder = existing.get((target[uuid], reading.pci_bus_id))
+            if holder is None:
+                continue
+            del pending[uuid]
+            if holder.uuid:
+                self.drift(agent, DriftKind.UNKNOWN_GPU, uuid,
+                           f"GPU {uuid} ({reading.name}) is reported at PCI bus id {reading.pci_bus_id} of host "
+                           f"{holder.host.name}, where the inventory has GPU {holder.uuid}; not added. If the board "
+                           f"was replaced, change that GPU's UUID.", _identity(report, reading))
+            else:
+                holder.uuid = uuid
+                adopted.append(holder)
+                self.gpus[uuid] = holder
+        if adopted:
+            Gpu.objects.bulk_update(adopted, ["uuid"])
+        if not pending:
+            return
+
+        # Hosts to create (concurrent ingests may create the same one: ignore and re-read).
+        created_hosts = set()
+        if new_hosts:
+            Host.objects.bulk_create(new_hosts.values(), ignore_conflicts=True)
+            for host in Host.objects.filter(name__in=[h.name for h in new_hosts.values()]):
+                self._add_host(host)
+                created_hosts.add(host.name)
+
+        # Models: by product name without vendor prefixes, else a new one.
+        models_by_key, codes = {}, set()
+        for model in GpuModel.objects.all():
+            models_by_key.setdefault(model_key(model.name), model)
+            codes.add(model.code.lower())
+        new_models: dict[str, GpuModel] = {}
+        for _, _, reading in pending.values():
+            key = model_key(reading.name)
+            if key not in models_by_key and key not in new_models:
+                new_models[key] = GpuModel(name=" ".join(reading.name.split()), code=derive_code(reading.name, codes),
+                                           fb_mib=max(1, round(reading.fb_total_mib)))
+        if new_models:
+            GpuModel.objects.bulk_create(new_models.values(), ignore_conflicts=True)
+            for model in GpuModel.objects.filter(name__in=[m.name for m in new_models.values()]):
+                models_by_key[model_key(model.name)] = model
+
+        rows = []
+        for uuid, (_, _, reading) in pending.items():
+            host_ref = target[uuid]
+            host = self.hosts_by_id.get(host_ref) if isinstance(host_ref, int) else self.hosts_by_key.get(
+                host_ref.lower())
+            model = models_by_key.get(model_key(reading.name))
+            if host is None or model is None:
+                continue
+            mode = GpuMode.VGPU if reading.virtualization_mode in ("vgpu_host", None) else GpuMode.PASSTHROUGH
+            rows.append(Gpu(host=host, gpu_model=model, uuid=uuid, pci_bus_id=reading.pci_bus_id, mode=mode))
+        Gpu.objects.bulk_create(rows, ignore_conflicts=True)
+        for gpu in Gpu.objects.filter(uuid__in=list(pending)).select_related("host", "gpu_model"):
+            self.gpus[gpu.uuid] = gpu
+        for uuid, (agent, report, reading) in pending.items():
+            gpu = self.gpus.get(uuid)
+            if gpu is None:
+                self.drift(agent, DriftKind.UNKNOWN_GPU, uuid,
+                           f"GPU {uuid} ({reading.name}) reported by {report.hostname or agent.name} is not in the "
+                           f"inventory and could not be added: the inventory changed meanwhile (another GPU took PCI "
+                           f"bus id {reading.pci_bus_id} on that host, or its host or model could not be created). "
+                           f"No samples are stored for it; the next report tries again.", _identity(report, reading))
+                continue
+            self.stats.discovered_gpus += 1
+            notes = []
+            if gpu.host.name in created_hosts:
+                notes.append(f"host {gpu.host.name} was created for it with placeholder capacity "
+                             f"({PLACEHOLDER_CPU_THREADS} CPU thread, {PLACEHOLDER_RAM_GIB} GiB RAM, so no VM fits): "
+                             f"enter its real CPU threads and RAM")
+            if model_key(gpu.gpu_model.name) in new_models:
+                notes.append(f"GPU model {gpu.gpu_model.name} (code {gpu.gpu_model.code}, "
+                             f"{gpu.gpu_model.fb_mib} MiB) was created without vGPU profiles")
+            self.drift(agent, DriftKind.UNKNOWN_GPU, uuid,
+                       f"GPU {uuid} ({gpu.gpu_model.name}, PCI bus id {gpu.pci_bus_id}) reported by "
+                       f"{report.hostname or agent.name} was not in the inventory: added to host {gpu.host.name} "
+                       f"in {gpu.get_mode_display()} mode." + "".join(f" Note: {n}." for n in notes)
+                       + " Review it, then resolve this.", _identity(report, reading))
+
+    # -- mapping ------------------------------------------------------------------------------
+
+    def _map(self, agent: Agent, report: Report) -> None:
+        ts = sample_time(report.collected_at)
+        host = self._reporting_host(agent, report)
+        reporter = host.name if host else f"{report.hostname or agent.name} (not in the inventory)"
+        for reading in report.gpus:
+            gpu = self.gpus.get(reading.uuid)
+            if gpu is None:
+                continue  # not discoverable; its drift says why
+            if host is None or gpu.host_id != host.pk:
+                self.drift(agent, DriftKind.GPU_ELSEWHERE, gpu.uuid,
+                           f"GPU {gpu.uuid} ({gpu.gpu_model.name}) is on host {gpu.host.name} in the inventory "
+                           f"but is reported by {reporter}. Samples are stored; the inventory is unchanged.",
+                           _identity(report, reading))
+            if reading.name and model_key(reading.name) != model_key(gpu.gpu_model.name):
+                self.drift(agent, DriftKind.GPU_MODEL, gpu.uuid,
+                           f"GPU {gpu.uuid} on {gpu.host.name} reports itself as {reading.name}; the inventory "
+                           f"says {gpu.gpu_model.name}.", _identity(report, reading))
+            self.gpu_samples[(gpu.pk, ts)] = GpuSample(
+                gpu_id=gpu.pk, ts=ts, util_gpu=reading.util_gpu, util_mem=reading.util_mem,
+                fb_used_mib=reading.fb_used_mib, fb_total_mib=reading.fb_total_mib, enc_util=reading.enc_util,
+                dec_util=reading.dec_util, temp_c=reading.temp_c, power_w=reading.power_w,
+                sm_clock_mhz=reading.sm_clock_mhz,
+            )
+            for vgpu_reading in reading.vgpus:
+                self._host_vgpu(agent, gpu, vgpu_reading, ts)
+        for vgpu_reading in report.guest_vgpus:
+            self._guest_vgpu(agent, report, vgpu_reading, ts)
+
+    def _host_vgpu(self, agent: Agent, gpu: Gpu, reading: VgpuReading, ts: datetime) -> None:
+        vm = self._vm(reading)
+        if vm is None:
+            who = reading.vm_name or reading.vm_uuid or "with no name or UUID reported"
+            self.drift(agent, DriftKind.UNKNOWN_VM, reading.vm_uuid or reading.vm_name or reading.vgpu_uuid
+                       or f"{reading.type_name} on {gpu.uuid}",
+                       f"A {reading.type_name or 'vGPU'} on GPU {gpu.uuid} ({gpu.host.name}) runs for VM {who}, "
+                       f"which the inventory does not know; no samples are stored for it.", asdict(reading))
+            return
+        subject = f"{vm.name} on {gpu.uuid}"
+        declared = [v for v in self.vgpus_by_vm[vm.pk] if v.gpu_id == gpu.pk]
+        if not declared:
+            self.drift(agent, DriftKind.VGPU_MISSING, subject,
+                       f"VM {vm.name} runs a {reading.type_name or 'vGPU'} on GPU {gpu.uuid} ({gpu.host.name}) "
+                       f"that the inventory does not declare; its samples are stored without a vGPU.",
+                       asdict(reading))
+            vgpu = None
+        else:
+            vgpu = self._declared(agent, vm, declared, reading, subject)
+        self._vgpu_sample(vm, gpu.pk, vgpu, reading, ts)
+
+    def _guest_vgpu(self, agent: Agent, report: Report, reading: VgpuReading, ts: datetime) -> None:
+        vm = self._vm(reading)
+        if vm is None:
+            self.drift(agent, DriftKind.UNKNOWN_VM, reading.vm_name or reading.vgpu_uuid or agent.name,
+                       f"Guest {reading.vm_name or agent.name} reports a {reading.type_name or 'vGPU'}, but the "
+                       f"inventory has no VM of that name; no samples are stored for it.", asdict(reading))
+            return
+        declared = self.vgpus_by_vm[vm.pk]
+        if not declared:
+            self.drift(agent, DriftKind.VGPU_MISSING, f"{vm.name} (guest)",
+                       f"VM {vm.name} reports a {reading.type_name or 'vGPU'} from inside, but the inventory "
+                       f"declares no vGPU for it, so its GPU is unknown; no samples are stored for it.",
+                       asdict(reading))
+            return
+        vgpu = self._declared(agent, vm, declared, reading, f"{vm.name} on {declared[0].gpu.uuid}")
+        self._vgpu_sample(vm, vgpu.gpu_id, vgpu, reading, ts)
+
+    def _declared(self, agent: Agent, vm: VirtualMachine, declared: list[Vgpu], reading: VgpuReading,
+                  subject: str) -> Vgpu:
+        """The declared vGPU a reading belongs to: the one of its type, else the first (profile drift)."""
+        if reading.type_name is None:
+            return declared[0]
+        key = profile_key(reading.type_name)
+        for vgpu in declared:
+            if profile_key(vgpu.profile.name) == key:
+                return vgpu
+        vgpu = declared[0]
+        self.drift(agent, DriftKind.PROFILE, subject,
+                   f"VM {vm.name} runs a {reading.type_name} on GPU {vgpu.gpu.uuid}, but the inventory declares "
+                   f"{', '.join(v.profile.name for v in declared)}.", asdict(reading))
+        return vgpu
+
+    def _vgpu_sample(self, vm: VirtualMachine, gpu_id: int, vgpu: Vgpu | None, reading: VgpuReading,
+                     ts: datetime) -> None:
+        self.vgpu_samples[(vm.pk, gpu_id, ts)] = VgpuSample(
+            vm_id=vm.pk, gpu_id=gpu_id, vgpu=vgpu, ts=ts, fb_used_mib=reading.fb_used_mib,
+            util_gpu=reading.util_gpu, util_mem=reading.util_mem, enc_util=reading.enc_util,
+            dec_util=reading.dec_util,
+        )
+
+    # -- writes -------------------------------------------------------------------------------
+
+    def _write_samples(self) -> None:
+        """Insert the samples not stored yet; a racing duplicate is dropped by the unique key."""
+        if self.gpu_samples:
+            stored = set(GpuSample.objects.filter(
+                gpu_id__in={k[0] for k in self.gpu_samples}, ts__in={k[1] for k in self.gpu_samples},
+            ).values_list("gpu_id", "ts"))
+            new = [s for key, s in self.gpu_samples.items() if key not in stored]
+            GpuSample.objects.bulk_create(new, ignore_conflicts=True)
+            self.stats.gpu_samples = len(new)
+        if self.vgpu_samples:
+            stored = set(VgpuSample.objects.filter(
+                vm_id__in={k[0] for k in self.vgpu_samples}, ts__in={k[2] for k in self.vgpu_samples},
+            ).values_list("vm_id", "gpu_id", "ts"))
+            new = [s for key, s in self.vgpu_samples.items() if key not in stored]
+            VgpuSample.objects.bulk_create(new, ignore_conflicts=True)
+            self.stats.vgpu_samples = len(new)
+
+    def _write_drifts(self) -> None:
+        agent_ids = {agent.pk for agent, _ in self.items}
+        subjects = {subject for _, subject in self.found}
+        open_rows = list(Drift.objects.filter(resolved_at__isnull=True).filter(
+            Q(subject__in=subjects) | Q(agent_id__in=agent_ids)))
+        by_key = {(row.kind, row.subject): row for row in open_rows}
+        seen, new = [], []
+        for (kind, subject), (agent, detail, reported) in self.found.items():
+            row = by_key.get((kind, subject))
+            if row is None:
+                new.append(Drift(agent=agent, kind=kind, subject=subject, detail=detail, reported=reported,
+                                 first_seen=self.now, last_seen=self.now))
+            else:
+                row.agent, row.detail, row.reported, row.last_seen = agent, detail, reported, self.now
+                seen.append(row)
+        if seen:
+            Drift.objects.bulk_update(seen, ["agent", "detail", "reported", "last_seen"])
+        if new:
+            # Another ingest may open the same drift meanwhile: the partial unique key keeps one.
+            Drift.objects.bulk_create(new, ignore_conflicts=True)
+        over = [row.pk for row in open_rows if row.agent_id in agent_ids and row.kind in SELF_RESOLVING
+                and (row.kind, row.subject) not in self.found]
+        if over:
+            Drift.objects.filter(pk__in=over).update(resolved_at=self.now)
+        self.stats.drifts = len(self.found)
+        self.stats.resolved_drifts = len(over)

@@ -1,0 +1,300 @@
+"""The normalized telemetry report every source is turned into, and the agent protocol v1 validator.
+
+Pure Python (no Django, no ORM): the collector parses ~300 agent payloads a second, and the
+source parsers (`telemetry.sources`) and `telemetry.ingest` share these types.
+
+- `Report` is one reading of one host: its physical GPUs (`gpus`), each with the vGPUs running
+  on it as the hypervisor sees them (`GpuReading.vgpus`), and `guest_vgpus`: readings taken
+  INSIDE a VM, where the "GPU" the driver shows is really a vGPU (its product name is the vGPU
+  profile, e.g. "NVIDIA L40S-2Q", and its UUID is the vGPU's). They are kept apart from `gpus`
+  on purpose, so nothing that walks `report.gpus` can mistake a vGPU for a physical GPU and,
+  say, discover a GPU model called "L40S-2Q". `split_guest_vgpus` does the sorting for every
+  source.
+- A metric a GPU does not report is None, never 0 (DESIGN.md, agent protocol).
+- `parse_agent_payload` checks the protocol strictly: required keys, types, ranges and string
+  lengths (so a row can never fail in the database half-way through a batch), and raises
+  `PayloadError` naming the path of the first bad value. Keys it does not know are ignored, so
+  an agent may add fields without breaking older collectors.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+# Longest strings the inventory columns take (fleet.models, telemetry.models).
+MAX_HOSTNAME = 100
+MAX_UUID = 80
+MAX_NAME = 100
+MAX_PCI_BUS_ID = 32
+MAX_TYPE_NAME = 60
+MAX_SHORT = 40
+
+# Bounds a real reading stays within; anything outside is a broken sensor or a broken sender.
+MAX_FB_MIB = 16 * 1024 * 1024  # 16 TiB
+MAX_POWER_W = 10_000.0
+MAX_CLOCK_MHZ = 100_000.0
+MIN_TEMP_C, MAX_TEMP_C = -100.0, 200.0
+
+# Agent spelling of NVML's virtualization modes (telemetry.agent.nvml_backend).
+VGPU_GUEST = "vgpu_guest"
+VGPU_HOST = "vgpu_host"
+
+
+class PayloadError(ValueError):
+    """A report that cannot be accepted; the message names the offending path and value."""
+
+
+@dataclass(slots=True)
+class VgpuReading:
+    """One vGPU: utilization figures are shares of the physical GPU, frame buffer in MiB."""
+
+    vgpu_uuid: str | None
+    vm_uuid: str | None
+    vm_name: str | None
+    type_name: str | None
+    fb_used_mib: float | None
+    util_gpu: float | None
+    util_mem: float | None
+    enc_util: float | None
+    dec_util: float | None
+
+
+@dataclass(slots=True)
+class GpuReading:
+    """One physical GPU: identity (UUID is the key), then metrics, then the vGPUs on it."""
+
+    uuid: str
+    index: int
+    name: str | None
+    pci_bus_id: str | None
+    fb_total_mib: float | None
+    virtualization_mode: str | None
+    util_gpu: float | None
+    util_mem: float | None
+    fb_used_mib: float | None
+    enc_util: float | None
+    dec_util: float | None
+    temp_c: float | None
+    power_w: float | None
+    sm_clock_mhz: float | None
+    vgpus: list[VgpuReading] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class Report:
+    """What one source said about one host (or, for `guest_vgpus`, one VM) at `collected_at`.
+
+    `collected_at` is Unix seconds by the source's clock; `backend` names the source
+    ("nvml", "sim", "nvidia-smi", "dcgm-exporter").
+    """
+
+    hostname: str
+    backend: str
+    collected_at: float
+    gpus: list[GpuReading]
+    guest_vgpus: list[VgpuReading] = field(default_factory=list)
+
+
+# -- names -----------------------------------------------------------------------------------
+
+_VENDOR_PREFIX = re.compile(r"^(?:(?:NVIDIA|GRID)\s+)+", re.IGNORECASE)
+# A vGPU type after the vendor prefix: board code, dash, frame buffer in GiB, series letter
+# ("L40S-2Q", "RTX6000-12Q", "RTX6000-Ada-4Q", "A100D-20C"). Physical product names never
+# end like this ("A100-SXM4-80GB", "H100 PCIe", "GeForce RTX 3080").
+_PROFILE = re.compile(r"[A-Za-z0-9][A-Za-z0-9-]*-\d+[QABC]")
+
+
+def strip_vendor(name: str) -> str:
+    """The name without its leading "NVIDIA " / "GRID " (drivers spell one board several ways)."""
+    return _VENDOR_PREFIX.sub("", " ".join(name.split()))
+
+
+def model_key(name: str) -> str:
+    """Key on which a reported product name matches a GpuModel name ("NVIDIA L40S" ~ "L40S")."""
+    return strip_vendor(name).casefold()
+
+
+def profile_key(type_name: str) -> str:
+    """Key on which a reported vGPU type matches a VgpuProfile name ("GRID RTX6000-12Q" ~ "RTX6000-12Q")."""
+    return strip_vendor(type_name).casefold()
+
+
+def is_vgpu_profile_name(name: str | None) -> bool:
+    """True for a product name that is a vGPU type, as a guest VM's driver reports its GPU."""
+    return bool(name) and _PROFILE.fullmatch(strip_vendor(name)) is not None
+
+
+def split_guest_vgpus(gpus: list[GpuReading], vm_name: str) -> tuple[list[GpuReading], list[VgpuReading]]:
+    """Separate physical GPUs from the vGPUs a guest VM sees as its GPUs.
+
+    A reading is a guest's vGPU when the driver says so (virtualization mode vgpu_guest) or,
+    where the mode is unknown, when its product name is a vGPU type. Inside a guest the VM's
+    own UUID is not visible, so the vGPU carries `vm_name` (the guest's hostname) instead.
+    """
+    physical: list[GpuReading] = []
+    guest: list[VgpuReading] = []
+    for gpu in gpus:
+        mode = gpu.virtualization_mode
+        if mode == VGPU_GUEST or (mode is None and is_vgpu_profile_name(gpu.name)):
+            guest.append(VgpuReading(
+                vgpu_uuid=gpu.uuid, vm_uuid=None, vm_name=vm_name or None,
+                type_name=strip_vendor(gpu.name) if gpu.name else None,
+                fb_used_mib=gpu.fb_used_mib, util_gpu=gpu.util_gpu, util_mem=gpu.util_mem,
+                enc_util=gpu.enc_util, dec_util=gpu.dec_util,
+            ))
+        else:
+            physical.append(gpu)
+    return physical, guest
+
+
+# -- value checks (shared by every source) ------------------------------------------------------
+
+_MISSING = object()
+
+
+def show(value: Any) -> str:
+    """A value as an error message quotes it: repr, cut to a readable length."""
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def check_number(value: Any, path: str, lo: float, hi: float, what: str) -> float | None:
+    """`value` if it is a number within lo..hi or None; else PayloadError naming `path`.
+
+    bool is refused although Python counts it as an int; NaN fails the range comparison.
+    """
+    if value is None:
+        return None
+    if (type(value) is int or type(value) is float) and lo <= value <= hi:
+        return value
+    raise PayloadError(f"{path}: expected {what} or null, got {show(value)}")
+
+
+def check_percent(value: Any, path: str) -> float | None:
+    return check_number(value, path, 0, 100, "a number 0..100")
+
+
+def check_fb(value: Any, path: str, total: float | None) -> float | None:
+    """Frame buffer in use: 0..total MiB (0..16 TiB while the total is unknown)."""
+    hi = MAX_FB_MIB if total is None else total
+    return check_number(value, path, 0, hi, f"a number of MiB 0..{hi:.10g}")
+
+
+def check_str(value: Any, path: str, max_length: int, *, required: bool = False) -> str | None:
+    if value is None and not required:
+        return None
+    if type(value) is str and 0 < len(value) <= max_length:
+        return value
+    what = f"a non-empty string of at most {max_length} characters"
+    raise PayloadError(f"{path}: expected {what}{'' if required else ' or null'}, got {show(value)}")
+
+
+# -- agent protocol v1 ----------------------------------------------------------------------------
+
+_GPU_KEYS = ("uuid", "index", "name", "pci_bus_id", "fb_total_mib", "virtualization_mode", "util_gpu",
+             "util_mem", "fb_used_mib", "enc_util", "dec_util", "temp_c", "power_w", "sm_clock_mhz", "vgpus")
+_VGPU_KEYS = ("vgpu_uuid", "vm_uuid", "vm_name", "type_name", "fb_used_mib", "util_gpu", "util_mem",
+              "enc_util", "dec_util")
+
+
+def _require(obj: dict, keys: tuple[str, ...], path: str) -> None:
+    for key in keys:
+        if key not in obj:
+            raise PayloadError(f"{path}.{key}: required key missing")
+
+
+def _object(value: Any, path: str) -> dict:
+    if type(value) is not dict:
+        raise PayloadError(f"{path}: expected an object, got {show(value)}")
+    return value
+
+
+def _list(value: Any, path: str) -> list:
+    if type(value) is not list:
+        raise PayloadError(f"{path}: expected a list, got {show(value)}")
+    return value
+
+
+def _vgpu(obj: Any, path: str, gpu_fb_total: float | None) -> VgpuReading:
+    obj = _object(obj, path)
+    _require(obj, _VGPU_KEYS, path)
+    return VgpuReading(
+        vgpu_uuid=check_str(obj["vgpu_uuid"], path + ".vgpu_uuid", MAX_UUID),
+        vm_uuid=check_str(obj["vm_uuid"], path + ".vm_uuid", MAX_UUID),
+        vm_name=check_str(obj["vm_name"], path + ".vm_name", MAX_NAME),
+        type_name=check_str(obj["type_name"], path + ".type_name", MAX_TYPE_NAME),
+        fb_used_mib=check_fb(obj["fb_used_mib"], path + ".fb_used_mib", gpu_fb_total),
+        util_gpu=check_percent(obj["util_gpu"], path + ".util_gpu"),
+        util_mem=check_percent(obj["util_mem"], path + ".util_mem"),
+        enc_util=check_percent(obj["enc_util"], path + ".enc_util"),
+        dec_util=check_percent(obj["dec_util"], path + ".dec_util"),
+    )
+
+
+def _gpu(obj: Any, path: str) -> GpuReading:
+    obj = _object(obj, path)
+    _require(obj, _GPU_KEYS, path)
+    index = obj["index"]
+    if type(index) is not int or index < 0:
+        raise PayloadError(f"{path}.index: expected an integer >= 0, got {show(index)}")
+    fb_total = check_number(obj["fb_total_mib"], path + ".fb_total_mib", 0, MAX_FB_MIB, "a number of MiB")
+    vgpus = _list(obj["vgpus"], path + ".vgpus")
+    return GpuReading(
+        uuid=check_str(obj["uuid"], path + ".uuid", MAX_UUID, required=True),
+        index=index,
+        name=check_str(obj["name"], path + ".name", MAX_NAME),
+        pci_bus_id=check_str(obj["pci_bus_id"], path + ".pci_bus_id", MAX_PCI_BUS_ID),
+        fb_total_mib=fb_total,
+        virtualization_mode=check_str(obj["virtualization_mode"], path + ".virtualization_mode", MAX_SHORT),
+        util_gpu=check_percent(obj["util_gpu"], path + ".util_gpu"),
+        util_mem=check_percent(obj["util_mem"], path + ".util_mem"),
+        fb_used_mib=check_fb(obj["fb_used_mib"], path + ".fb_used_mib", fb_total),
+        enc_util=check_percent(obj["enc_util"], path + ".enc_util"),
+        dec_util=check_percent(obj["dec_util"], path + ".dec_util"),
+        temp_c=check_number(obj["temp_c"], path + ".temp_c", MIN_TEMP_C, MAX_TEMP_C, "a number -100..200"),
+        power_w=check_number(obj["power_w"], path + ".power_w", 0, MAX_POWER_W, "a number of watts 0..10000"),
+        sm_clock_mhz=check_number(obj["sm_clock_mhz"], path + ".sm_clock_mhz", 0, MAX_CLOCK_MHZ,
+                                  "a number of MHz 0..100000"),
+        vgpus=[_vgpu(v, f"{path}.vgpus[{i}]", fb_total) for i, v in enumerate(vgpus)],
+    )
+
+
+def check_unique_uuids(gpus: list[GpuReading], what: str = "gpus") -> None:
+    """Refuse a report that lists one GPU twice: its two readings would fight over one sample."""
+    seen: dict[str, int] = {}
+    for position, gpu in enumerate(gpus):
+        first = seen.setdefault(gpu.uuid, position)
+        if first != position:
+            raise PayloadError(f"{what}[{position}].uuid: {gpu.uuid!r} is already {what}[{first}]")
+
+
+def parse_agent_payload(data: bytes | str | dict) -> Report:
+    """The `Report` in one `GET /v1/metrics` answer of a host agent, or PayloadError.
+
+    `data` is the raw body (bytes or str) or an already decoded JSON object.
+    """
+    if isinstance(data, (bytes, bytearray, str)):
+        try:
+            data = json.loads(data)
+        except UnicodeDecodeError as exc:
+            raise PayloadError(f"invalid JSON: not UTF-8 ({exc.reason} at byte {exc.start})") from None
+        except json.JSONDecodeError as exc:
+            raise PayloadError(f"invalid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from None
+    top = _object(data, "payload")
+    _require(top, ("agent", "collected_at", "gpus"), "payload")
+    agent = _object(top["agent"], "agent")
+    _require(agent, ("version", "hostname", "backend"), "agent")
+    check_str(agent["version"], "agent.version", MAX_SHORT, required=True)
+    hostname = check_str(agent["hostname"], "agent.hostname", MAX_HOSTNAME, required=True)
+    backend = check_str(agent["backend"], "agent.backend", MAX_SHORT, required=True)
+    collected_at = top["collected_at"]
+    if not ((type(collected_at) is int or type(collected_at) is float) and 0 < collected_at < 1e11):
+        raise PayloadError(f"collected_at: expected Unix seconds (a positive number), got {show(collected_at)}")
+    gpus = [_gpu(g, f"gpus[{i}]") for i, g in enumerate(_list(top["gpus"], "gpus"))]
+    check_unique_uuids(gpus)
+    physical, guest = split_guest_vgpus(gpus, hostname)
+    return Report(hostname=hostname, backend=backend, collected_at=float(collected_at), gpus=physical,
+                  guest_vgpus=guest)

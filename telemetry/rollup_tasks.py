@@ -1,0 +1,58 @@
+"""Celery tasks of the rollups and retention: thin wrappers of `telemetry.rollups` and
+`telemetry.retention`, loaded by the worker through CELERY_IMPORTS.
+
+Both are safe to run twice or at once: rollups are upserted and their checkpoints only move
+forward; retention deletes by age in small committed batches. A run cut short by its soft time
+limit keeps what it committed (whole buckets, whole batches) and the next run goes on.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from celery import shared_task
+from celery.exceptions import SoftTimeLimitExceeded
+
+from telemetry import retention, rollups
+from telemetry.models import ROLLUP_STEPS_S
+
+logger = logging.getLogger(__name__)
+
+BUILD_ROLLUPS_EVERY_S = 60
+PRUNE_SAMPLES_EVERY_S = 3600
+
+
+@shared_task(ignore_result=True, soft_time_limit=45, time_limit=55)
+def build_rollups(step_s: int | None = None) -> dict:
+    """Build the complete 5-minute and hourly buckets not built yet (or only `step_s`'s);
+    returns per series what it did (for logs and tests; results are not stored)."""
+    steps = ROLLUP_STEPS_S if step_s is None else (int(step_s),)
+    done = {}
+    try:
+        for step in steps:
+            done[str(step)] = rollups.build_rollups(step).as_dict()
+    except SoftTimeLimitExceeded:
+        # The bucket in progress rolled back with its transaction; its checkpoint did not move.
+        logger.warning("build_rollups hit its time limit after %s; the next run goes on", sorted(done))
+    return done
+
+
+@shared_task(ignore_result=True, soft_time_limit=900, time_limit=960)
+def prune_samples() -> dict:
+    """Delete raw samples and rollups past their retention, in batches; returns rows deleted."""
+    try:
+        return retention.prune_samples()
+    except SoftTimeLimitExceeded:
+        logger.warning("prune_samples hit its time limit; the next run goes on")
+        return {}
+
+
+def ensure_rollup_schedules() -> None:
+    """The beat entries of these tasks (rollups every minute, retention hourly), created once;
+    each expires before its next run so a backlog never replays missed runs."""
+    from telemetry.schedules import ensure_periodic_task
+
+    ensure_periodic_task("build_rollups", build_rollups.name, BUILD_ROLLUPS_EVERY_S,
+                         expires_s=BUILD_ROLLUPS_EVERY_S - 5)
+    ensure_periodic_task("prune_samples", prune_samples.name, PRUNE_SAMPLES_EVERY_S,
+                         expires_s=PRUNE_SAMPLES_EVERY_S - 300)

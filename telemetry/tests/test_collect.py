@@ -1,0 +1,277 @@
+"""Collection over real HTTP on loopback: one batch of good and broken agents, claims, limits."""
+
+from __future__ import annotations
+
+import threading
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+from django.utils import timezone
+
+from fleet.models import Gpu, VirtualMachine
+from telemetry import collect
+from telemetry.fetch import ConnectionPool
+from telemetry.models import Agent, AgentKind, AgentStatus, GpuSample, VgpuSample
+from telemetry.tests.loopback import (
+    FakeAgent,
+    closed_port_url,
+    inventory_host,
+    polled_agent,
+    real_agent,
+    sim_payload,
+)
+
+pytestmark = pytest.mark.django_db
+
+DCGM_FIXTURE = Path(__file__).parent / "fixtures" / "dcgm-exporter" / "render-07-l40s.prom"
+
+
+def samples_of(host):
+    return (GpuSample.objects.filter(gpu__host=host).count(),
+            VgpuSample.objects.filter(gpu__host=host).count())
+
+
+def test_one_batch_stores_the_good_agents_and_gives_each_bad_one_its_own_error(settings):
+    settings.TELEMETRY_MAX_RESPONSE_BYTES = 256 * 1024
+    good_a = inventory_host("good-a", gpus=2, vgpus_per_gpu=2)
+    good_b = inventory_host("good-b", gpus=3, vgpus_per_gpu=1)
+    skewed = inventory_host("skewed", gpus=1, vgpus_per_gpu=2)
+    agent_a = polled_agent("good-a", "http://placeholder", host=good_a)
+    agent_b = polled_agent("good-b", "http://placeholder", host=good_b)
+    wrong_token = polled_agent("wrong-token", "http://placeholder", host=good_a)
+
+    with (
+        real_agent(good_a, agent_a.token) as server_a,
+        real_agent(good_b, agent_b.token) as server_b,
+        real_agent(good_a, "not-the-token-we-hold") as server_other,
+        FakeAgent("slow", payload=sim_payload(good_a), delay_s=3.0) as slow,
+        FakeAgent("http500") as http500,
+        FakeAgent("invalid_json") as invalid_json,
+        FakeAgent("wrong_shape") as wrong_shape,
+        FakeAgent("endless") as endless,
+        FakeAgent("fixed", payload=sim_payload(skewed, collected_at=time.time() - 3600)) as clock_off,
+    ):
+        Agent.objects.filter(pk=agent_a.pk).update(url=server_a.url)
+        Agent.objects.filter(pk=agent_b.pk).update(url=server_b.url + "/")
+        Agent.objects.filter(pk=wrong_token.pk).update(url=server_other.url)
+        bad = {
+            polled_agent("slow", slow.url, timeout_s=0.5).pk: "within 0.5 s (timeout)",
+            polled_agent("http500", http500.url).pk: "HTTP 500 Internal Server Error from",
+            polled_agent("invalid-json", invalid_json.url).pk: "invalid payload from",
+            polled_agent("wrong-shape", wrong_shape.url).pk: "payload.agent: required key missing",
+            polled_agent("endless", endless.url).pk: "exceeds the limit of 262144 bytes",
+            polled_agent("clock-off", clock_off.url, host=skewed).pk: "behind the server's clock",
+            polled_agent("down", closed_port_url()).pk: "connection refused",
+            wrong_token.pk: "HTTP 401 Unauthorized",
+        }
+        ids = [agent_a.pk, agent_b.pk, *bad]
+
+        started = time.monotonic()
+        result = collect.poll_batch(ids, pool=ConnectionPool())
+        elapsed = time.monotonic() - started
+
+    assert samples_of(good_a) == (2, 4)
+    assert samples_of(good_b) == (3, 3)
+    assert samples_of(skewed) == (0, 0), "a refused report stores nothing, not even part of it"
+    assert (result.polled, result.ok, result.failed) == (10, 2, 8)
+    # Concurrent: the batch lasts about its slowest agent's timeout, not the sum of the waits.
+    assert elapsed < 2.5
+    for agent in Agent.objects.filter(pk__in=[agent_a.pk, agent_b.pk]):
+        assert agent.status == AgentStatus.OK
+        assert (agent.last_error, agent.consecutive_failures) == ("", 0)
+        assert abs(agent.clock_skew_s) < 1
+    for agent in Agent.objects.filter(pk__in=bad):
+        assert agent.status == AgentStatus.ERROR, agent.name
+        assert bad[agent.pk] in agent.last_error, (agent.name, agent.last_error)
+        assert agent.consecutive_failures == 1
+        assert agent.last_seen is None
+    assert "the agent refused our bearer token" in Agent.objects.get(name="wrong-token").last_error
+    assert "check the clock of skewed" in Agent.objects.get(name="clock-off").last_error
+    assert Agent.objects.get(name="clock-off").clock_skew_s == pytest.approx(-3600, abs=5)
+
+
+def test_failures_count_up_until_the_agent_answers_again():
+    host = inventory_host("flaky", gpus=1, vgpus_per_gpu=1)
+    agent = polled_agent("flaky", closed_port_url(), host=host)
+
+    collect.poll_batch([agent.pk])
+    collect.poll_batch([agent.pk])
+    agent.refresh_from_db()
+    assert (agent.status, agent.consecutive_failures) == (AgentStatus.ERROR, 2)
+
+    with real_agent(host, agent.token) as server:
+        Agent.objects.filter(pk=agent.pk).update(url=server.url)
+        collect.poll_batch([agent.pk])
+    agent.refresh_from_db()
+    assert (agent.status, agent.consecutive_failures) == (AgentStatus.OK, 0)
+    assert agent.last_error.startswith("connection refused"), "the last error stays readable after recovery"
+    assert samples_of(host) == (1, 1)
+
+
+def test_polls_reuse_one_keep_alive_connection():
+    host = inventory_host("keepalive", gpus=1, vgpus_per_gpu=1)
+    agent = polled_agent("keepalive", "http://placeholder", host=host)
+    pool = ConnectionPool()
+    with real_agent(host, agent.token) as server:
+        Agent.objects.filter(pk=agent.pk).update(url=server.url)
+        for _ in range(3):
+            assert collect.poll_batch([agent.pk], pool=pool).ok == 1
+        assert server.accepted == 1
+
+
+def test_a_pooled_connection_the_agent_closed_is_replaced_transparently():
+    host = inventory_host("restarted", gpus=1, vgpus_per_gpu=0)
+    agent = polled_agent("restarted", "http://placeholder", host=host)
+    pool = ConnectionPool()
+    with real_agent(host, agent.token) as first:
+        Agent.objects.filter(pk=agent.pk).update(url=first.url)
+        assert collect.poll_batch([agent.pk], pool=pool).ok == 1
+        port = first.server_address[1]
+    # The agent restarted on the same port: the idle connection in the pool is dead.
+    from telemetry.agent.server import AgentServer
+    from telemetry.agent.sim_backend import SimBackend
+    from telemetry.demo import host_scenario
+    from telemetry.tests.loopback import serving
+
+    with serving(AgentServer(("127.0.0.1", port), SimBackend(host_scenario(host)), agent.token, "restarted")):
+        result = collect.poll_batch([agent.pk], pool=pool)
+    assert (result.ok, result.errors) == (1, {})
+
+
+def test_an_agent_sending_one_byte_at_a_time_is_cut_off_at_its_timeout():
+    agent = None
+    with FakeAgent("trickle") as trickle:
+        agent = polled_agent("trickle", trickle.url, timeout_s=0.6)
+        started = time.monotonic()
+        result = collect.poll_batch([agent.pk], pool=ConnectionPool())
+        elapsed = time.monotonic() - started
+    assert result.failed == 1
+    assert "within 0.6 s (timeout)" in result.errors["trickle"]
+    assert elapsed < 1.6
+
+
+def test_reading_stops_at_the_size_cap(settings):
+    settings.TELEMETRY_MAX_RESPONSE_BYTES = 100_000
+    with FakeAgent("endless") as endless:
+        polled_agent("endless", endless.url)
+        result = collect.poll_batch(list(Agent.objects.values_list("pk", flat=True)), pool=ConnectionPool())
+        time.sleep(0.2)
+        sent = endless.bytes_sent
+    assert "exceeds the limit of 100000 bytes (TELEMETRY_MAX_RESPONSE_BYTES); stopped reading" in result.errors[
+        "endless"]
+    # The agent could push far more (64 MiB); the collector hung up soon after the cap.
+    assert sent < 16 * 1024 * 1024
+
+
+def test_a_declared_oversize_body_is_refused_before_reading(settings):
+    settings.TELEMETRY_MAX_RESPONSE_BYTES = 1000
+    host = inventory_host("big", gpus=2, vgpus_per_gpu=2)
+    with FakeAgent("fixed", payload=sim_payload(host)) as big:
+        polled_agent("big", big.url, host=host)
+        result = collect.poll_batch(list(Agent.objects.values_list("pk", flat=True)), pool=ConnectionPool())
+    assert "bytes from http://127.0.0.1" in result.errors["big"]
+    assert "exceeds the limit of 1000 bytes" in result.errors["big"]
+    assert samples_of(host) == (0, 0)
+
+
+def test_dcgm_exporter_agents_are_parsed_as_prometheus_text():
+    host = inventory_host("render-07", gpus=0)
+    with FakeAgent("text", body=DCGM_FIXTURE.read_bytes(), content_type="text/plain; version=0.0.4") as exporter:
+        agent = polled_agent("render-07-dcgm", exporter.url + "/metrics", host=host, kind=AgentKind.DCGM_EXPORTER)
+        result = collect.poll_batch([agent.pk], pool=ConnectionPool())
+    agent.refresh_from_db()
+    assert (result.ok, result.errors) == (1, {})
+    assert agent.status == AgentStatus.OK
+    gpus = Gpu.objects.filter(host=host)
+    assert gpus.count() == 3, "the exporter's GPUs are discovered on the agent's host"
+    sample = GpuSample.objects.get(gpu__uuid="GPU-2f6b0a3e-7c41-4d9a-b1e2-8f3c5d7a9b10")
+    assert sample.sm_clock_mhz == 2235
+    assert agent.clock_skew_s is None, "dcgm-exporter stamps nothing, so there is no clock to judge"
+
+
+def test_the_same_poll_stored_twice_keeps_one_sample_per_gpu_and_vm():
+    host = inventory_host("twice", gpus=2, vgpus_per_gpu=2)
+    with FakeAgent("fixed", payload=sim_payload(host)) as fixed:
+        agent = polled_agent("twice", fixed.url, host=host)
+        first = collect.poll_batch([agent.pk], pool=ConnectionPool())
+        second = collect.poll_batch([agent.pk], pool=ConnectionPool())
+    assert (first.gpu_samples, first.vgpu_samples) == (2, 4)
+    assert (second.ok, second.gpu_samples, second.vgpu_samples) == (1, 0, 0)
+    assert samples_of(host) == (2, 4)
+
+
+def test_samples_map_to_the_inventory_vms():
+    host = inventory_host("mapped", gpus=1, vgpus_per_gpu=2)
+    agent = polled_agent("mapped", "http://placeholder", host=host)
+    with real_agent(host, agent.token) as server:
+        Agent.objects.filter(pk=agent.pk).update(url=server.url)
+        collect.poll_batch([agent.pk], pool=ConnectionPool())
+    vms = set(VirtualMachine.objects.filter(host=host).values_list("pk", flat=True))
+    assert set(VgpuSample.objects.values_list("vm_id", flat=True)) == vms
+    assert all(sample.vgpu_id is not None for sample in VgpuSample.objects.all())
+
+
+# -- claims and shards ------------------------------------------------------------------------
+
+
+def test_claims_prevent_double_polls_within_an_interval(settings):
+    settings.TELEMETRY_POLL_INTERVAL_S = 10
+    polled = [polled_agent(f"agent-{n}", f"http://127.0.0.1:{9000 + n}") for n in range(5)]
+    Agent.objects.create(name="disabled", url="http://127.0.0.1:1", enabled=False)
+    Agent.objects.create(name="pushes", kind=AgentKind.NVIDIA_SMI)
+    now = timezone.now()
+
+    first = collect.claim_due_agents(now)
+    overlapping = collect.claim_due_agents(now + timedelta(seconds=1))
+    next_tick = collect.claim_due_agents(now + timedelta(seconds=10))
+
+    assert first == [agent.pk for agent in polled]
+    assert overlapping == [], "a second beat moments later polls nobody twice"
+    assert next_tick == first
+
+
+# Commits for real (threads need their own connections); serialized_rollback gives the catalog
+# and the schedule, loaded at migrate, back to the tests after it.
+@pytest.mark.django_db(transaction=True, serialized_rollback=True)
+def test_concurrent_claims_split_the_agents_without_overlap():
+    ids = {polled_agent(f"agent-{n}", f"http://127.0.0.1:{9000 + n}").pk for n in range(40)}
+    results: list[list[int]] = []
+    barrier = threading.Barrier(4)
+
+    def claim():
+        from django.db import connection
+
+        barrier.wait()
+        try:
+            results.append(collect.claim_due_agents())
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=claim) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    claimed = [pk for result in results for pk in result]
+    assert sorted(claimed) == sorted(ids), "every agent claimed exactly once"
+
+
+def test_shards_respect_the_batch_size(settings):
+    settings.TELEMETRY_BATCH_SIZE = 3
+    assert collect.shard([1, 2, 3, 4, 5, 6, 7]) == [[1, 2, 3], [4, 5, 6], [7]]
+    assert collect.shard([]) == []
+
+
+@pytest.mark.parametrize(
+    ("kind", "url", "polled"),
+    [
+        (AgentKind.NVML, "http://gpu-01:9410", "http://gpu-01:9410/v1/metrics"),
+        (AgentKind.NVML, "http://gpu-01:9410/", "http://gpu-01:9410/v1/metrics"),
+        (AgentKind.DCGM_EXPORTER, "http://gpu-01:9400", "http://gpu-01:9400/metrics"),
+        (AgentKind.DCGM_EXPORTER, "http://gpu-01:9400/metrics", "http://gpu-01:9400/metrics"),
+    ],
+)
+def test_metrics_url(kind, url, polled):
+    assert collect.metrics_url(Agent(kind=kind, url=url)) == polled

@@ -1,0 +1,179 @@
+"""/metrics: the Prometheus exposition, read back with prometheus_client's own parser."""
+
+from datetime import timedelta
+
+import pytest
+from django.db import connection
+from django.test import Client
+from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
+from prometheus_client.parser import text_string_to_metric_families
+
+from fleet.tests.factories import GpuFactory, HostFactory, UserFactory
+from telemetry.models import Agent
+from telemetry.tests.rollup_world import gpu_samples, studio, vgpu_samples
+
+
+def scrape(client=None, **extra) -> dict[str, list]:
+    """{metric name: [(labels, value), ...]} of one scrape from loopback."""
+    response = (client or Client()).get("/metrics", **extra)
+    assert response.status_code == 200, response.content
+    assert response["Content-Type"].startswith("text/plain; version=")
+    return {
+        family.name: [(sample.labels, sample.value) for sample in family.samples]
+        for family in text_string_to_metric_families(response.content.decode())
+    }
+
+
+def value(metrics, name, **labels):
+    """The value of the one series of `name` whose labels include `labels`."""
+    found = [v for series_labels, v in metrics[name] if labels.items() <= series_labels.items()]
+    assert len(found) == 1, (name, labels, metrics.get(name))
+    return found[0]
+
+
+@pytest.fixture
+def world(db):
+    return studio()
+
+
+def test_gpu_gauges_carry_inventory_labels_and_newest_values(world):
+    now = timezone.now()
+    gpu_samples(world.gpu_1, now - timedelta(seconds=25), 2, util_gpu=lambda i: [40.0, 75.0][i], util_mem=33.0,
+                fb_used_mib=20480.0, fb_total_mib=46068.0, enc_util=None, dec_util=2.0, temp_c=61.0,
+                power_w=233.5, sm_clock_mhz=2040.0)
+
+    metrics = scrape()
+
+    labels = {"host": "render-01", "gpu_uuid": "GPU-aaaa-0001", "pci_bus_id": "00000000:3B:00.0",
+              "gpu_model": "NVIDIA L40S"}
+    assert metrics["vgpu_fleet_gpu_utilization_percent"] == [(labels, 75.0)]  # the newer of the two
+    assert value(metrics, "vgpu_fleet_gpu_memory_utilization_percent", **labels) == 33.0
+    assert value(metrics, "vgpu_fleet_gpu_fb_used_mib", **labels) == 20480.0
+    assert value(metrics, "vgpu_fleet_gpu_fb_total_mib", **labels) == 46068.0
+    assert value(metrics, "vgpu_fleet_gpu_temperature_celsius", **labels) == 61.0
+    assert value(metrics, "vgpu_fleet_gpu_power_watts", **labels) == 233.5
+    assert value(metrics, "vgpu_fleet_gpu_sm_clock_mhz", **labels) == 2040.0
+    assert value(metrics, "vgpu_fleet_gpu_decoder_utilization_percent", **labels) == 2.0
+    assert 10 <= value(metrics, "vgpu_fleet_gpu_sample_age_seconds", **labels) < 60
+    # Not reported by the GPU: no series at all, never a 0.
+    assert metrics["vgpu_fleet_gpu_encoder_utilization_percent"] == []
+
+
+def test_stale_and_missing_readings_are_left_out(world, settings):
+    settings.TELEMETRY_STALE_AFTER_S = 60
+    now = timezone.now()
+    gpu_samples(world.gpu_1, now - timedelta(seconds=5), 1, util_gpu=10.0)
+    gpu_samples(world.gpu_2, now - timedelta(minutes=10), 1, util_gpu=90.0)  # stale
+    vgpu_samples(world.vm_bob, world.gpu_2, now - timedelta(minutes=10), 1, fb_used_mib=4096.0)  # stale
+
+    metrics = scrape()
+
+    assert [labels["gpu_uuid"] for labels, _ in metrics["vgpu_fleet_gpu_utilization_percent"]] == ["GPU-aaaa-0001"]
+    assert metrics["vgpu_fleet_vgpu_fb_used_mib"] == []
+
+
+def test_vgpu_gauges_name_vm_artist_and_profile(world):
+    now = timezone.now()
+    vgpu_samples(world.vm_ana, world.gpu_1, now - timedelta(seconds=10), 1, fb_used_mib=6000.0, util_gpu=20.0,
+                 util_mem=10.0, enc_util=None, dec_util=1.0)
+    vgpu_samples(world.vm_ana, world.gpu_2, now - timedelta(seconds=10), 1, fb_used_mib=7000.0, util_gpu=30.0)
+    world.vm_bob.artist = None
+    world.vm_bob.save(update_fields=["artist"])
+
+    metrics = scrape()
+
+    ana_1 = {"host": "render-01", "gpu_uuid": "GPU-aaaa-0001", "vm": "ws-ana", "artist": "Ana", "profile": "L40S-12Q"}
+    ana_2 = {**ana_1, "gpu_uuid": "GPU-aaaa-0002"}
+    assert sorted(metrics["vgpu_fleet_vgpu_fb_used_mib"], key=lambda s: s[1]) == [(ana_1, 6000.0), (ana_2, 7000.0)]
+    assert value(metrics, "vgpu_fleet_vgpu_utilization_percent", **ana_2) == 30.0
+    assert value(metrics, "vgpu_fleet_vgpu_memory_utilization_percent", **ana_1) == 10.0
+    assert value(metrics, "vgpu_fleet_vgpu_decoder_utilization_percent", **ana_1) == 1.0
+    assert metrics["vgpu_fleet_vgpu_encoder_utilization_percent"] == []
+    # Every placed vGPU has its profile's frame buffer, with or without a reading.
+    assert value(metrics, "vgpu_fleet_vgpu_profile_fb_mib", vm="ws-bob", artist="") == 12288.0
+    assert len(metrics["vgpu_fleet_vgpu_profile_fb_mib"]) == 3
+
+
+def test_capacity_gauges(world):
+    GpuFactory(host=world.host, mode="passthrough", pci_bus_id="00000000:86:00.0")  # a Quadro RTX 6000
+
+    metrics = scrape()
+
+    assert value(metrics, "vgpu_fleet_gpus", gpu_model="NVIDIA L40S", mode="vgpu") == 3
+    assert value(metrics, "vgpu_fleet_gpus", gpu_model="Quadro RTX 6000", mode="passthrough") == 1
+    assert value(metrics, "vgpu_fleet_vgpus_placed", gpu_model="NVIDIA L40S") == 3
+    assert value(metrics, "vgpu_fleet_fb_total_mib", gpu_model="NVIDIA L40S") == 3 * 49152
+    assert value(metrics, "vgpu_fleet_fb_allocated_mib", gpu_model="NVIDIA L40S") == 3 * 12288
+    # Passthrough GPUs give no frame buffer to vGPUs.
+    assert [labels["gpu_model"] for labels, _ in metrics["vgpu_fleet_fb_total_mib"]] == ["NVIDIA L40S"]
+
+
+def test_agent_gauges(world):
+    now = timezone.now()
+    Agent.objects.create(name="agent-ok", url="http://render-01:9410", host=world.host,
+                         last_seen=now - timedelta(seconds=5))
+    Agent.objects.create(name="agent-stale", url="http://render-02:9410", last_seen=now - timedelta(hours=1))
+    Agent.objects.create(name="agent-new", url="http://render-03:9410")
+    Agent.objects.create(name="agent-off", url="http://render-04:9410", enabled=False)
+
+    metrics = scrape()
+
+    assert value(metrics, "vgpu_fleet_agent_up", agent="agent-ok", kind="nvml", host="render-01") == 1
+    assert value(metrics, "vgpu_fleet_agent_up", agent="agent-stale", host="") == 0
+    assert value(metrics, "vgpu_fleet_agent_up", agent="agent-new") == 0
+    assert "agent-off" not in {labels["agent"] for labels, _ in metrics["vgpu_fleet_agent_up"]}
+    assert 3500 < value(metrics, "vgpu_fleet_agent_last_seen_age_seconds", agent="agent-stale") < 3700
+    assert {labels["agent"] for labels, _ in metrics["vgpu_fleet_agent_last_seen_age_seconds"]} == {
+        "agent-ok", "agent-stale",
+    }
+
+
+def fleet_of(gpus: int) -> None:
+    host = HostFactory()
+    now = timezone.now()
+    for _ in range(gpus):
+        gpu_samples(GpuFactory(host=host), now - timedelta(seconds=5), 1, util_gpu=50.0)
+
+
+def test_scrape_costs_the_same_queries_for_2_and_20_gpus(db):
+    fleet_of(2)
+    with CaptureQueriesContext(connection) as small:
+        small_metrics = scrape()
+    fleet_of(18)
+    with CaptureQueriesContext(connection) as large:
+        large_metrics = scrape()
+
+    assert len(small_metrics["vgpu_fleet_gpu_utilization_percent"]) == 2
+    assert len(large_metrics["vgpu_fleet_gpu_utilization_percent"]) == 20
+    assert len(large) == len(small) <= 6
+
+
+# Access --------------------------------------------------------------------------------------
+
+
+def test_without_a_token_loopback_and_staff_may_read_others_not(db, settings):
+    settings.METRICS_TOKEN = ""
+    remote = {"REMOTE_ADDR": "10.1.2.3"}
+    staff, artist = Client(), Client()
+    staff.force_login(UserFactory(username="it-admin", is_staff=True))
+    artist.force_login(UserFactory(username="an-artist"))
+
+    assert Client().get("/metrics", REMOTE_ADDR="127.0.0.1").status_code == 200
+    assert Client().get("/metrics", REMOTE_ADDR="::1").status_code == 200
+    assert Client().get("/metrics", **remote).status_code == 403
+    assert artist.get("/metrics", **remote).status_code == 403
+    assert staff.get("/metrics", **remote).status_code == 200
+
+
+def test_with_a_token_scrapers_must_present_it(db, settings):
+    settings.METRICS_TOKEN = "s3cret-scrape-token"
+
+    missing = Client().get("/metrics")
+    wrong = Client().get("/metrics", HTTP_AUTHORIZATION="Bearer not-it")
+    right = Client().get("/metrics", HTTP_AUTHORIZATION="Bearer s3cret-scrape-token", REMOTE_ADDR="10.1.2.3")
+
+    assert missing.status_code == wrong.status_code == 401  # loopback alone is not enough any more
+    assert missing["WWW-Authenticate"].startswith("Bearer")
+    assert right.status_code == 200
+    assert b"# TYPE vgpu_fleet_gpus gauge" in right.content
