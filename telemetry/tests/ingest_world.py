@@ -6,16 +6,16 @@ import uuid as uuid_lib
 from pathlib import Path
 from types import SimpleNamespace
 
-from django.conf import settings
-
 from fleet import services
 from fleet.tests.factories import GpuFactory, HostFactory, VirtualMachineFactory, gpu_model, profile
 from telemetry.models import Agent, AgentKind
 from telemetry.payload import GpuReading, Report, VgpuReading
 
-# CI checks the shared data out beside the repository.
-SHARED_CAPTURES = Path(settings.BASE_DIR).parent / "shared" / "fixtures" / "nvidia-smi"
 OWN_FIXTURES = Path(__file__).parent / "fixtures"
+# Verbatim copies of the real captures of ../shared/fixtures/nvidia-smi, kept in the
+# repository so `make test` runs in a clone that has nothing beside it.
+SHARED_CAPTURES = OWN_FIXTURES / "nvidia-smi"
+SYNTHETIC_CAPTURES = {"l40s-vgpu-host-v13.xml", "l40s-2q-guest-v13.xml"}
 
 T0 = 1_780_000_000.0  # 2026-05-28 20:26:40 UTC, a whole second
 
