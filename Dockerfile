@@ -6,7 +6,7 @@ COPY requirements.txt .
 RUN pip install -r requirements.txt
 COPY . .
 RUN DEBUG=true python manage.py collectstatic --noinput
-RUN useradd --system --uid 10001 fleet && mkdir -p /app/var && chown fleet /app/var
+RUN useradd --system --uid 10001 fleet && mkdir -p /app/var /agents && chown fleet /app/var /agents
 USER fleet
 EXPOSE 8000
 CMD ["gunicorn", "config.wsgi:application", "--bind", "0.0.0.0:8000", "--workers", "3", "--access-logfile", "-"]

@@ -126,9 +126,13 @@ def write_demo_agents(
     out_dir: Path = DEFAULT_DIR,
     base_port: int = DEFAULT_BASE_PORT,
     listen_host: str = DEFAULT_LISTEN_HOST,
+    url_host: str | None = None,
 ) -> list[DemoAgent]:
     """Write a scenario and a token file per host, register its Agent (kind nvml: the sim serves
-    protocol v1 like the real agent) and write the manifest runfleet reads; safe to run again."""
+    protocol v1 like the real agent) and write the manifest runfleet reads; safe to run again.
+
+    `url_host` is the name the collector reaches the agents by, when it differs from the
+    address they listen on (docker-compose: listen on 0.0.0.0, polled as agent-sim)."""
     hosts = hosts if hosts is not None else default_hosts()
     out_dir.mkdir(parents=True, exist_ok=True)
     os.chmod(out_dir, 0o700)
@@ -138,7 +142,7 @@ def write_demo_agents(
         for offset, host in enumerate(hosts):
             scenario = host_scenario(host, timezone=timezone)
             port = base_port + offset
-            url = f"http://{listen_host}:{port}"
+            url = f"http://{url_host or listen_host}:{port}"
             agent = Agent.objects.filter(name=host.name).first() or Agent(name=host.name)
             agent.kind, agent.url, agent.host, agent.enabled = AgentKind.NVML, url, host, True
             agent.save()

@@ -70,6 +70,15 @@ def test_demo_agents_twice_keeps_the_tokens(demo_fleet, tmp_path):
     assert Agent.objects.count() == 3
 
 
+def test_demo_agents_in_compose_are_polled_by_service_name(demo_fleet, tmp_path):
+    """In docker-compose the agents listen on 0.0.0.0 but the worker reaches them as agent-sim."""
+    call_command("demo_agents", "--dir", str(tmp_path), "--hosts", "poc-rtx6000",
+                 "--listen-host", "0.0.0.0", "--url-host", "agent-sim")
+    assert Agent.objects.get(name="poc-rtx6000").url == "http://agent-sim:9411"
+    manifest = json.loads((tmp_path / "agents.json").read_text())
+    assert manifest[0]["listen"] == "0.0.0.0:9411"
+
+
 def test_demo_agents_without_a_demo_fleet_says_what_to_run(tmp_path):
     from django.core.management.base import CommandError
 

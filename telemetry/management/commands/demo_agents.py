@@ -20,6 +20,8 @@ class Command(BaseCommand):
         parser.add_argument("--dir", default=str(demo.DEFAULT_DIR), help="output folder (default var/agents)")
         parser.add_argument("--base-port", type=int, default=demo.DEFAULT_BASE_PORT,
                             help=f"port of the first agent; the next ones follow (default {demo.DEFAULT_BASE_PORT})")
+        parser.add_argument("--url-host", default=None,
+                            help="host name the collector polls the agents by (default: the listen host)")
         parser.add_argument("--listen-host", default=demo.DEFAULT_LISTEN_HOST,
                             help=f"address the agents listen on (default {demo.DEFAULT_LISTEN_HOST})")
 
@@ -35,7 +37,7 @@ class Command(BaseCommand):
             else:
                 selected = None
             agents = demo.write_demo_agents(selected, out_dir=Path(options["dir"]), base_port=options["base_port"],
-                                            listen_host=options["listen_host"])
+                                            listen_host=options["listen_host"], url_host=options["url_host"])
         except demo.DemoAgentsError as exc:
             raise CommandError(str(exc)) from exc
         self.stdout.write(f"Simulated agents ({len(agents)}), files in {options['dir']}:")
