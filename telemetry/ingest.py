@@ -33,8 +33,13 @@ and the nvidia-smi push API both call it with validated `Report`s. Rules, and wh
   difference is reported. A later accepted report from the same agent that no longer shows it
   resolves it (`resolved_at`), for every kind except `unknown_gpu` (see above).
 - One transaction per call, and a constant number of queries per call whatever the number of
-  agents and GPUs (lookups in bulk; inserts batched by Django, which on SQLite means one
-  INSERT per ~90 samples because of its 999-parameter cap).
+  agents and GPUs. On PostgreSQL (the collector's hot path, ~300 agents a second): lookups
+  with one array parameter per key list, read as plain tuples, and samples COPied into
+  session staging tables then moved with INSERT ... ON CONFLICT DO NOTHING (`_insert_staged`).
+  Elsewhere: ORM lookups and inserts batched by Django, which on SQLite means one INSERT per
+  ~90 samples because of its 999-parameter cap. The inventory is read afresh by every call:
+  it carries no change stamp to validate a per-process copy with, and an admin's change
+  (a GPU moved, a VM renamed) must count from the next report on.
 """
 
 from __future__ import annotations
@@ -47,9 +52,10 @@ from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
+from functools import lru_cache
 
 from django.conf import settings
-from django.db import transaction
+from django.db import connection, transaction
 from django.db.models import Q
 from django.db.models.functions import Lower
 
@@ -57,6 +63,10 @@ from fleet.choices import GpuMode
 from fleet.models import Gpu, GpuModel, Host, Vgpu, VirtualMachine
 from telemetry.models import Agent, Drift, DriftKind, GpuSample, VgpuSample
 from telemetry.payload import GpuReading, Report, VgpuReading, model_key, profile_key
+
+# The mapping asks for the key of the same few names thousands of times a batch (a regex each).
+_model_key = lru_cache(maxsize=4096)(model_key)
+_profile_key = lru_cache(maxsize=4096)(profile_key)
 
 PLACEHOLDER_CPU_THREADS = 1
 PLACEHOLDER_RAM_GIB = 1
@@ -163,6 +173,59 @@ def _identity(report: Report, reading: GpuReading) -> dict:
             "virtualization_mode": reading.virtualization_mode}
 
 
+class _VmRow:
+    """The fields of a VM the mapping reads (a model instance costs ~10x more to build)."""
+
+    __slots__ = ("pk", "uuid", "name")
+
+    def __init__(self, pk: int, uuid: uuid_lib.UUID, name: str):
+        self.pk, self.uuid, self.name = pk, uuid, name
+
+
+class _Named:
+    """A related row of which the mapping reads only the name (a GPU's host and model, a vGPU's profile)."""
+
+    __slots__ = ("name",)
+
+    def __init__(self, name: str):
+        self.name = name
+
+
+class _VgpuRow:
+    """The fields of a declared vGPU the mapping reads; `gpu` is the batch's Gpu when it has it."""
+
+    __slots__ = ("pk", "vm_id", "gpu_id", "profile", "gpu")
+
+    def __init__(self, pk: int, vm_id: int, gpu_id: int, profile_name: str, gpu: _GpuRow | _GpuRef | Gpu):
+        self.pk, self.vm_id, self.gpu_id, self.profile, self.gpu = pk, vm_id, gpu_id, _Named(profile_name), gpu
+
+
+class _GpuRow:
+    """The fields of an inventory GPU the mapping reads, from one joined row (PostgreSQL lookups)."""
+
+    __slots__ = ("pk", "uuid", "host_id", "host", "gpu_model")
+
+    def __init__(self, pk: int, uuid: str, host_id: int, host_name: str, model_name: str):
+        self.pk, self.uuid, self.host_id = pk, uuid, host_id
+        self.host, self.gpu_model = _Named(host_name), _Named(model_name)
+
+
+class _GpuRef:
+    """A declared vGPU's GPU that the batch did not report: its id and UUID are all a drift names."""
+
+    __slots__ = ("pk", "uuid")
+
+    def __init__(self, pk: int, uuid: str):
+        self.pk, self.uuid = pk, uuid
+
+
+# Sample columns in table order after the key, for the bulk writers.
+GPU_SAMPLE_COLUMNS = ("gpu_id", "ts", "util_gpu", "util_mem", "fb_used_mib", "fb_total_mib", "enc_util", "dec_util",
+                      "temp_c", "power_w", "sm_clock_mhz")
+VGPU_SAMPLE_COLUMNS = ("vm_id", "gpu_id", "vgpu_id", "ts", "fb_used_mib", "util_gpu", "util_mem", "enc_util",
+                       "dec_util")
+
+
 class _Batch:
     """One store_reports call: bulk lookups, then mapping, then bulk writes."""
 
@@ -170,15 +233,17 @@ class _Batch:
         self.items = items
         self.now = now
         self.stats = stats
-        self.gpus: dict[str, Gpu] = {}
+        self.gpus: dict[str, Gpu | _GpuRow] = {}
         self.hosts_by_id: dict[int, Host] = {}
         self.hosts_by_key: dict[str, Host] = {}
-        self.vms_by_uuid: dict[uuid_lib.UUID, VirtualMachine] = {}
-        self.vms_by_name: dict[str, VirtualMachine] = {}
-        self.vgpus_by_vm: dict[int, list[Vgpu]] = defaultdict(list)
+        self.vms_by_uuid: dict[uuid_lib.UUID, _VmRow] = {}
+        self.vms_by_name: dict[str, _VmRow] = {}
+        self.vgpus_by_vm: dict[int, list[_VgpuRow]] = defaultdict(list)
+        self.vm_uuid_of: dict[str, uuid_lib.UUID | None] = {}  # reported VM UUID -> parsed, once per batch
         self.found: dict[tuple[str, str], tuple[Agent, str, dict]] = {}
-        self.gpu_samples: dict[tuple, GpuSample] = {}
-        self.vgpu_samples: dict[tuple, VgpuSample] = {}
+        # Rows as tuples in *_SAMPLE_COLUMNS order, keyed like the unique constraints.
+        self.gpu_samples: dict[tuple, tuple] = {}
+        self.vgpu_samples: dict[tuple, tuple] = {}
 
     def run(self) -> None:
         self._load()
@@ -192,9 +257,6 @@ class _Batch:
 
     def _load(self) -> None:
         uuids = {gpu.uuid for _, report in self.items for gpu in report.gpus}
-        if uuids:
-            rows = Gpu.objects.filter(uuid__in=uuids).select_related("host", "gpu_model")
-            self.gpus = {gpu.uuid: gpu for gpu in rows}
         host_ids = {agent.host_id for agent, _ in self.items if agent.host_id}
         keys = set().union(*(_host_keys(report.hostname) for agent, report in self.items if not agent.host_id))
         if host_ids or keys:
@@ -202,21 +264,84 @@ class _Batch:
             for host in hosts:
                 self._add_host(host)
         vm_uuids, vm_names = set(), set()
+        parse = self.vm_uuid_of
         for _, report in self.items:
-            readings = [v for gpu in report.gpus for v in gpu.vgpus] + report.guest_vgpus
-            for reading in readings:
-                if (vm_uuid := _parse_uuid(reading.vm_uuid)) is not None:
-                    vm_uuids.add(vm_uuid)
-                if reading.vm_name:
-                    vm_names.add(reading.vm_name)
+            for readings in [gpu.vgpus for gpu in report.gpus] + [report.guest_vgpus]:
+                for reading in readings:
+                    raw = reading.vm_uuid
+                    if raw and raw not in parse:
+                        parse[raw] = _parse_uuid(raw)
+                    if raw and parse[raw] is not None:
+                        vm_uuids.add(parse[raw])
+                    if reading.vm_name:
+                        vm_names.add(reading.vm_name)
+        if connection.vendor == "postgresql":
+            self._load_pg(uuids, vm_uuids)
+            return
+        if uuids:
+            rows = Gpu.objects.filter(uuid__in=uuids).select_related("host", "gpu_model")
+            self.gpus = {gpu.uuid: gpu for gpu in rows}
         if vm_uuids or vm_names:
-            for vm in VirtualMachine.objects.filter(Q(uuid__in=vm_uuids) | Q(name__in=vm_names)):
-                self.vms_by_uuid[vm.uuid] = vm
-                self.vms_by_name[vm.name] = vm
-            vm_ids = {vm.pk for vm in self.vms_by_name.values()}
-            if vm_ids:
-                for vgpu in Vgpu.objects.filter(vm_id__in=vm_ids).select_related("profile", "gpu"):
-                    self.vgpus_by_vm[vgpu.vm_id].append(vgpu)
+            rows = VirtualMachine.objects.filter(Q(uuid__in=vm_uuids) | Q(name__in=vm_names))
+            for pk, vm_uuid, name in rows.values_list("id", "uuid", "name"):
+                vm = _VmRow(pk, vm_uuid, name)
+                self.vms_by_uuid[vm_uuid] = vm
+                self.vms_by_name[name] = vm
+        vm_ids = {vm.pk for vm in self.vms_by_name.values()}
+        if vm_ids:
+            gpus_by_id = {gpu.pk: gpu for gpu in self.gpus.values()}
+            declared = Vgpu.objects.filter(vm_id__in=vm_ids).values_list("id", "vm_id", "gpu_id", "profile__name",
+                                                                          "gpu__uuid")
+            for pk, vm_id, gpu_id, profile_name, gpu_uuid in declared:
+                gpu = gpus_by_id.get(gpu_id) or _GpuRef(gpu_id, gpu_uuid)
+                self.vgpus_by_vm[vm_id].append(_VgpuRow(pk, vm_id, gpu_id, profile_name, gpu))
+
+    def _load_pg(self, uuids: set[str], vm_uuids: set[uuid_lib.UUID]) -> None:
+        """The batch's GPUs, VMs and declared vGPUs as plain rows, in three or four small queries.
+
+        Each key list is one array parameter (Django's `__in` writes one placeholder per
+        value), and the queries stay simple enough for good plans: a VM is looked up by name
+        only for readings whose UUID found none (the mapping never consults the name
+        otherwise), because `uuid = ANY(..) OR name = ANY(..)` makes PostgreSQL scan and hash
+        every VM (17 ms a batch with 100,000 VMs).
+        """
+        with connection.cursor() as cursor:
+            if uuids:
+                cursor.execute(
+                    "SELECT g.id, g.uuid, g.host_id, h.name, m.name FROM fleet_gpu g "
+                    "JOIN fleet_host h ON h.id = g.host_id JOIN fleet_gpumodel m ON m.id = g.gpu_model_id "
+                    "WHERE g.uuid = ANY(%s::varchar[])", [list(uuids)])
+                self.gpus = {row[1]: _GpuRow(*row) for row in cursor.fetchall()}
+            vms: dict[int, _VmRow] = {}
+            if vm_uuids:
+                cursor.execute("SELECT id, uuid, name FROM fleet_virtualmachine WHERE uuid = ANY(%s::uuid[])",
+                               [list(vm_uuids)])
+                for pk, vm_uuid, name in cursor.fetchall():
+                    vms[pk] = self.vms_by_uuid[vm_uuid] = self.vms_by_name[name] = _VmRow(pk, vm_uuid, name)
+            by_name = {reading.vm_name for _, report in self.items
+                       for readings in [gpu.vgpus for gpu in report.gpus] + [report.guest_vgpus]
+                       for reading in readings
+                       if reading.vm_name and self.vm_uuid_of.get(reading.vm_uuid) not in self.vms_by_uuid}
+            by_name -= self.vms_by_name.keys()
+            if by_name:
+                cursor.execute("SELECT id, uuid, name FROM fleet_virtualmachine WHERE name = ANY(%s::varchar[])",
+                               [list(by_name)])
+                for pk, vm_uuid, name in cursor.fetchall():
+                    vm = vms.get(pk) or _VmRow(pk, vm_uuid, name)
+                    vms[pk] = self.vms_by_uuid[vm_uuid] = self.vms_by_name[name] = vm
+            if not vms:
+                return
+            cursor.execute(
+                "SELECT v.id, v.vm_id, v.gpu_id, p.name FROM fleet_vgpu v JOIN fleet_vgpuprofile p ON p.id = "
+                "v.profile_id WHERE v.vm_id = ANY(%s::bigint[]) ORDER BY v.gpu_id, v.placement_id", [list(vms)])
+            declared = cursor.fetchall()
+            gpus_by_id: dict[int, _GpuRow | _GpuRef | Gpu] = {gpu.pk: gpu for gpu in self.gpus.values()}
+            others = {gpu_id for _, _, gpu_id, _ in declared} - gpus_by_id.keys()
+            if others:  # vGPUs declared on GPUs this batch did not report: their UUIDs name them in drifts
+                cursor.execute("SELECT id, uuid FROM fleet_gpu WHERE id = ANY(%s::bigint[])", [list(others)])
+                gpus_by_id.update((pk, _GpuRef(pk, gpu_uuid)) for pk, gpu_uuid in cursor.fetchall())
+        for pk, vm_id, gpu_id, profile_name in declared:
+            self.vgpus_by_vm[vm_id].append(_VgpuRow(pk, vm_id, gpu_id, profile_name, gpus_by_id[gpu_id]))
 
     def _add_host(self, host: Host) -> None:
         self.hosts_by_id[host.pk] = host
@@ -228,8 +353,8 @@ class _Batch:
         name = report.hostname.strip().lower()
         return self.hosts_by_key.get(name) or self.hosts_by_key.get(name.split(".", 1)[0])
 
-    def _vm(self, reading: VgpuReading) -> VirtualMachine | None:
-        vm_uuid = _parse_uuid(reading.vm_uuid)
+    def _vm(self, reading: VgpuReading) -> _VmRow | None:
+        vm_uuid = self.vm_uuid_of.get(reading.vm_uuid) if reading.vm_uuid else None
         vm = self.vms_by_uuid.get(vm_uuid) if vm_uuid else None
         return vm or (self.vms_by_name.get(reading.vm_name) if reading.vm_name else None)
 
@@ -376,15 +501,13 @@ class _Batch:
                            f"GPU {gpu.uuid} ({gpu.gpu_model.name}) is on host {gpu.host.name} in the inventory "
                            f"but is reported by {reporter}. Samples are stored; the inventory is unchanged.",
                            _identity(report, reading))
-            if reading.name and model_key(reading.name) != model_key(gpu.gpu_model.name):
+            if reading.name and _model_key(reading.name) != _model_key(gpu.gpu_model.name):
                 self.drift(agent, DriftKind.GPU_MODEL, gpu.uuid,
                            f"GPU {gpu.uuid} on {gpu.host.name} reports itself as {reading.name}; the inventory "
                            f"says {gpu.gpu_model.name}.", _identity(report, reading))
-            self.gpu_samples[(gpu.pk, ts)] = GpuSample(
-                gpu_id=gpu.pk, ts=ts, util_gpu=reading.util_gpu, util_mem=reading.util_mem,
-                fb_used_mib=reading.fb_used_mib, fb_total_mib=reading.fb_total_mib, enc_util=reading.enc_util,
-                dec_util=reading.dec_util, temp_c=reading.temp_c, power_w=reading.power_w,
-                sm_clock_mhz=reading.sm_clock_mhz,
+            self.gpu_samples[(gpu.pk, ts)] = (
+                gpu.pk, ts, reading.util_gpu, reading.util_mem, reading.fb_used_mib, reading.fb_total_mib,
+                reading.enc_util, reading.dec_util, reading.temp_c, reading.power_w, reading.sm_clock_mhz,
             )
             for vgpu_reading in reading.vgpus:
                 self._host_vgpu(agent, gpu, vgpu_reading, ts)
@@ -429,14 +552,14 @@ class _Batch:
         vgpu = self._declared(agent, vm, declared, reading, f"{vm.name} on {declared[0].gpu.uuid}")
         self._vgpu_sample(vm, vgpu.gpu_id, vgpu, reading, ts)
 
-    def _declared(self, agent: Agent, vm: VirtualMachine, declared: list[Vgpu], reading: VgpuReading,
-                  subject: str) -> Vgpu:
+    def _declared(self, agent: Agent, vm: _VmRow, declared: list[_VgpuRow], reading: VgpuReading,
+                  subject: str) -> _VgpuRow:
         """The declared vGPU a reading belongs to: the one of its type, else the first (profile drift)."""
         if reading.type_name is None:
             return declared[0]
-        key = profile_key(reading.type_name)
+        key = _profile_key(reading.type_name)
         for vgpu in declared:
-            if profile_key(vgpu.profile.name) == key:
+            if _profile_key(vgpu.profile.name) == key:
                 return vgpu
         vgpu = declared[0]
         self.drift(agent, DriftKind.PROFILE, subject,
@@ -444,30 +567,42 @@ class _Batch:
                    f"{', '.join(v.profile.name for v in declared)}.", asdict(reading))
         return vgpu
 
-    def _vgpu_sample(self, vm: VirtualMachine, gpu_id: int, vgpu: Vgpu | None, reading: VgpuReading,
+    def _vgpu_sample(self, vm: _VmRow, gpu_id: int, vgpu: _VgpuRow | None, reading: VgpuReading,
                      ts: datetime) -> None:
-        self.vgpu_samples[(vm.pk, gpu_id, ts)] = VgpuSample(
-            vm_id=vm.pk, gpu_id=gpu_id, vgpu=vgpu, ts=ts, fb_used_mib=reading.fb_used_mib,
-            util_gpu=reading.util_gpu, util_mem=reading.util_mem, enc_util=reading.enc_util,
-            dec_util=reading.dec_util,
+        self.vgpu_samples[(vm.pk, gpu_id, ts)] = (
+            vm.pk, gpu_id, vgpu.pk if vgpu is not None else None, ts, reading.fb_used_mib, reading.util_gpu,
+            reading.util_mem, reading.enc_util, reading.dec_util,
         )
 
     # -- writes -------------------------------------------------------------------------------
 
     def _write_samples(self) -> None:
-        """Insert the samples not stored yet; a racing duplicate is dropped by the unique key."""
+        """Insert the samples not stored yet; a repeated or racing one is dropped by the unique key.
+
+        PostgreSQL: COPY into staging tables, then one INSERT ... ON CONFLICT DO NOTHING per
+        table in a single statement (`_insert_staged`), no pre-read. Elsewhere: read the keys
+        already stored, bulk_create the rest.
+        """
+        if connection.vendor == "postgresql":
+            if self.gpu_samples or self.vgpu_samples:
+                self.stats.gpu_samples, self.stats.vgpu_samples = _insert_staged([
+                    (GpuSample, GPU_SAMPLE_COLUMNS, self.gpu_samples.values()),
+                    (VgpuSample, VGPU_SAMPLE_COLUMNS, self.vgpu_samples.values())])
+            return
         if self.gpu_samples:
             stored = set(GpuSample.objects.filter(
                 gpu_id__in={k[0] for k in self.gpu_samples}, ts__in={k[1] for k in self.gpu_samples},
             ).values_list("gpu_id", "ts"))
-            new = [s for key, s in self.gpu_samples.items() if key not in stored]
+            new = [GpuSample(**dict(zip(GPU_SAMPLE_COLUMNS, row, strict=True)))
+                   for key, row in self.gpu_samples.items() if key not in stored]
             GpuSample.objects.bulk_create(new, ignore_conflicts=True)
             self.stats.gpu_samples = len(new)
         if self.vgpu_samples:
             stored = set(VgpuSample.objects.filter(
                 vm_id__in={k[0] for k in self.vgpu_samples}, ts__in={k[2] for k in self.vgpu_samples},
             ).values_list("vm_id", "gpu_id", "ts"))
-            new = [s for key, s in self.vgpu_samples.items() if key not in stored]
+            new = [VgpuSample(**dict(zip(VGPU_SAMPLE_COLUMNS, row, strict=True)))
+                   for key, row in self.vgpu_samples.items() if key not in stored]
             VgpuSample.objects.bulk_create(new, ignore_conflicts=True)
             self.stats.vgpu_samples = len(new)
 
@@ -497,3 +632,34 @@ class _Batch:
             Drift.objects.filter(pk__in=over).update(resolved_at=self.now)
         self.stats.drifts = len(self.found)
         self.stats.resolved_drifts = len(over)
+
+
+def _insert_staged(tables: list[tuple[type, tuple[str, ...], Iterable[tuple]]]) -> list[int]:
+    """PostgreSQL: insert each (model, columns, rows) skipping stored keys; return how many were new, per table.
+
+    The rows are COPied into temporary tables of this session, then moved into the models'
+    tables by ONE statement (per table a `DELETE ... RETURNING` feeding an `INSERT ... ON
+    CONFLICT DO NOTHING`) that counts what was stored. COPY costs a third less than binding
+    the rows as parameters (even as one array per column), and ON CONFLICT keeps idempotency
+    without a pre-read. The staging tables are created once per session, empty themselves at
+    commit, and vanish with the transaction that created them if it is rolled back.
+    """
+    moves, counts = [], []
+    with connection.cursor() as cursor:
+        # Every call, in one round trip: a flag kept beside the session could outlive the tables
+        # (created in a transaction or savepoint that was rolled back).
+        cursor.execute("; ".join(
+            f"CREATE TEMPORARY TABLE IF NOT EXISTS ingest_{model._meta.db_table} ON COMMIT DELETE ROWS AS "
+            f"SELECT {', '.join(columns)} FROM {model._meta.db_table} WITH NO DATA"
+            for model, columns, _ in tables))
+        for n, (model, columns, rows) in enumerate(tables):
+            table, names = model._meta.db_table, ", ".join(columns)
+            with cursor.copy(f"COPY ingest_{table} ({names}) FROM STDIN") as copy:
+                for row in rows:
+                    copy.write_row(row)
+            moves.append(f"staged_{n} AS (DELETE FROM ingest_{table} RETURNING {names}), stored_{n} AS ("
+                         f"INSERT INTO {table} ({names}) SELECT {names} FROM staged_{n} ON CONFLICT DO NOTHING "
+                         f"RETURNING 1)")
+            counts.append(f"(SELECT count(*) FROM stored_{n})")
+        cursor.execute(f"WITH {', '.join(moves)} SELECT {', '.join(counts)}")
+        return list(cursor.fetchone())
