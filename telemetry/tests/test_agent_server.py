@@ -6,7 +6,6 @@ import contextlib
 import http.client
 import json
 import socket
-import threading
 from collections.abc import Iterator
 
 import pynvml
@@ -17,6 +16,7 @@ from telemetry.agent.nvml_backend import NvmlBackend
 from telemetry.agent.scenario import poc_scenario
 from telemetry.agent.server import AgentServer
 from telemetry.agent.sim_backend import SimBackend
+from telemetry.tests import loopback
 from telemetry.tests.fake_nvml import FakeGpu, FakeNvml, vgpu_host
 
 TOKEN = "s3cr3t-agent-token"
@@ -84,14 +84,8 @@ def serving(backend) -> Iterator[AgentServer]:
 
     server.get_request = recording_accept
     server.accepted = accepted
-    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
-    thread.start()
-    try:
+    with loopback.serving(server):
         yield server
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout=5)
 
 
 @pytest.fixture
