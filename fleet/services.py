@@ -60,8 +60,10 @@ def check_vgpu(vm: VirtualMachine, gpu: Gpu, profile: VgpuProfile) -> placement.
     )
 
 
-def _locked(model, pk):
-    return model.objects.select_for_update().get(pk=pk)
+def _locked(model, pk, *related: str):
+    """The row, locked until the transaction ends; joined `related` rows are read, not locked
+    (locking a GpuModel row would queue every placement on GPUs of that model)."""
+    return model.objects.select_for_update(of=("self",)).select_related(*related).get(pk=pk)
 
 
 def place_vgpu(vm: VirtualMachine, gpu: Gpu, profile: VgpuProfile) -> Vgpu:
@@ -76,7 +78,7 @@ def place_vgpu(vm: VirtualMachine, gpu: Gpu, profile: VgpuProfile) -> Vgpu:
     try:
         with transaction.atomic():
             host = _locked(Host, gpu.host_id)
-            gpu = Gpu.objects.select_for_update(of=("self",)).select_related("gpu_model").get(pk=gpu.pk)
+            gpu = _locked(Gpu, gpu.pk, "gpu_model")
             if gpu.host_id != host.pk:
                 raise FleetConflict([Violation(
                     placement.Rule.VM_HOST, f"GPU {gpu.label} moved to another host meanwhile; try again",
@@ -149,7 +151,7 @@ def update_gpu(gpu: Gpu, **fields) -> Gpu:
     with transaction.atomic():
         current = gpu
         if gpu.pk is not None:
-            current = Gpu.objects.select_for_update(of=("self",)).select_related("gpu_model").get(pk=gpu.pk)
+            current = _locked(Gpu, gpu.pk, "gpu_model")
         # What is checked is what is written: `gpu` with `fields` applied (a caller may have set
         # them on the object already, or loaded it before another change it would write back).
         # Not fields.get(name, gpu.x): the default is evaluated even when unused, and a new
