@@ -66,6 +66,7 @@ INSTALLED_APPS = [
     "drf_spectacular",
     "drf_spectacular_sidecar",
     "django_celery_beat",
+    "django_htmx",
     "fleet",
     "telemetry",
     "sizing",
@@ -77,6 +78,7 @@ MIDDLEWARE = [
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django_htmx.middleware.HtmxMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
 ]
@@ -136,6 +138,14 @@ USE_TZ = True
 
 STATIC_URL = "static/"
 STATIC_ROOT = BASE_DIR / "staticfiles"
+STATICFILES_DIRS = [BASE_DIR / "static"]
+# Every script and stylesheet is served by the app itself (studios often run offline):
+# htmx ships in django-htmx, plotly.js in the plotly package (config.staticfiles).
+STATICFILES_FINDERS = [
+    "django.contrib.staticfiles.finders.FileSystemFinder",
+    "django.contrib.staticfiles.finders.AppDirectoriesFinder",
+    "config.staticfiles.PackageFileFinder",
+]
 STORAGES = {
     "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
     "staticfiles": {
@@ -145,7 +155,11 @@ STORAGES = {
     },
 }
 
-LOGIN_URL = "admin:login"
+LOGIN_URL = "login"
+LOGIN_REDIRECT_URL = "fleet:overview"
+LOGOUT_REDIRECT_URL = "login"
+# How often the overview and the agent list refresh themselves in the browser.
+DASHBOARD_REFRESH_S = int(env_float("DASHBOARD_REFRESH_S", 15))
 
 REST_FRAMEWORK = {
     # Token first: an anonymous API call gets 401 with a WWW-Authenticate header.

@@ -1,11 +1,12 @@
-"""URL map: the admin site, the v1 REST API with its schema and docs, and the health check."""
+"""URL map: the dashboard's pages, login, the admin site, the v1 REST API with its schema and
+docs, the health check and the Prometheus exposition."""
 
 from django.contrib import admin
+from django.contrib.auth import views as auth_views
 from django.db import connection
 from django.http import JsonResponse
 from django.urls import include, path
 from django.views.decorators.cache import never_cache
-from django.views.generic import RedirectView
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
 from telemetry.exposition import metrics_view
@@ -23,8 +24,10 @@ def healthz(request):
 
 
 urlpatterns = [
-    # The fleet overview page replaces this redirect when the dashboard lands.
-    path("", RedirectView.as_view(pattern_name="admin:index", permanent=False)),
+    path("", include("fleet.urls")),
+    path("", include("telemetry.urls")),
+    path("login/", auth_views.LoginView.as_view(redirect_authenticated_user=True), name="login"),
+    path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("admin/", admin.site.urls),
     path("api/v1/", include("fleet.api.urls")),
     path("api/v1/", include("telemetry.api.urls")),

@@ -1,0 +1,1 @@
+"""HTML pages of telemetry: the heatmaps and the agents' health."""
