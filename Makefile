@@ -31,6 +31,8 @@ run: install $(DEMO_SECRETS)
 	DEMO_ARTIST_PASSWORD="$${DEMO_ARTIST_PASSWORD:-$$(cat var/demo-artist-password)}" \
 	$(BIN)/python manage.py seed_demo
 	$(BIN)/python manage.py demo_agents
+	@echo "Back-filling two weeks of demo history (first run only, about 20 s)..."
+	$(BIN)/python manage.py backfill_demo
 	@echo "Serving http://$(HOST):$(PORT)/  (admin site: http://$(HOST):$(PORT)/admin/, API: /api/v1/, docs: /api/docs/)"
 	@echo "Starting 3 simulated agents, a Celery worker, beat and the web server; Ctrl-C stops them all."
 	$(BIN)/python manage.py runfleet $(HOST):$(PORT)

@@ -116,7 +116,14 @@ else:
         "default": {
             "ENGINE": "django.db.backends.sqlite3",
             "NAME": env_str("SQLITE_PATH", str(BASE_DIR / "db.sqlite3")),
-            "OPTIONS": {"transaction_mode": "IMMEDIATE", "timeout": 20},
+            # WAL lets the pages read while the worker writes; synchronous=NORMAL is WAL's
+            # recommended durability (no corruption on power loss; the last commits may be lost)
+            # and makes each rollup/ingest commit an order of magnitude cheaper than FULL.
+            "OPTIONS": {
+                "transaction_mode": "IMMEDIATE",
+                "timeout": 20,
+                "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+            },
             # A file, not memory, so that tests with several threads share one database.
             "TEST": {"NAME": env_str("SQLITE_TEST_PATH", str(BASE_DIR / ".test-db.sqlite3"))},
         }

@@ -2,7 +2,9 @@
 
 Query parameters are the model's field names (`?host=3&mode=vgpu`); foreign keys take ids, and
 an unknown id or choice is a 400, not an empty list. `name` filters match a part of the name,
-case-insensitively. Ordering is not here: the API's OrderingFilter takes `?ordering=`.
+case-insensitively; `q` (NetBox's search parameter) matches a part of any of a few names of
+the row at once, as the search box of a list page does. Ordering is not here: the API's
+OrderingFilter takes `?ordering=`.
 
 The choices of a filter on a host, GPU, VM, artist or user are what the requesting user may
 see (`fleet.queries.visible_*`): an artist's filter form never lists other artists' VMs, and
@@ -11,6 +13,8 @@ naming an object outside their scope is the same 400 as naming one that does not
 """
 
 import django_filters
+from django import forms
+from django.db.models import Q, QuerySet
 
 from fleet import queries
 from fleet.choices import GpuMode, Hypervisor, Series, SizeMode, UserType, Workflow
@@ -28,6 +32,25 @@ def visible_to_requester(visible):
 
 def _choice_of(visible, **kwargs) -> django_filters.ModelChoiceFilter:
     return django_filters.ModelChoiceFilter(queryset=visible_to_requester(visible), **kwargs)
+
+
+def search_filter(*fields: str, placeholder: str) -> django_filters.CharFilter:
+    """A `q` filter: rows where any of `fields` contains the text, case-insensitively. Only
+    single-valued relations belong in `fields`, so a match never repeats a row."""
+
+    def search(queryset: QuerySet, name: str, value: str) -> QuerySet:
+        text = value.strip()
+        if not text:
+            return queryset
+        condition = Q()
+        for field in fields:
+            condition |= Q(**{f"{field}__icontains": text})
+        return queryset.filter(condition)
+
+    return django_filters.CharFilter(
+        method=search, label="Search",
+        widget=forms.TextInput(attrs={"type": "search", "placeholder": placeholder}),
+    )
 
 
 class GpuModelFilterSet(django_filters.FilterSet):
@@ -54,6 +77,7 @@ class VgpuProfileFilterSet(django_filters.FilterSet):
 
 
 class HostFilterSet(django_filters.FilterSet):
+    q = search_filter("name", placeholder="Host name")
     name = django_filters.CharFilter(lookup_expr="icontains")
     hypervisor = django_filters.ChoiceFilter(choices=Hypervisor.choices)
 
@@ -65,6 +89,7 @@ class HostFilterSet(django_filters.FilterSet):
 class GpuFilterSet(django_filters.FilterSet):
     """`?uuid=` finds the GPU an agent or nvidia-smi reports (exact NVML UUID)."""
 
+    q = search_filter("uuid", "pci_bus_id", "host__name", placeholder="UUID, PCI bus id or host")
     host = _choice_of(queries.visible_hosts)
     mode = django_filters.ChoiceFilter(choices=GpuMode.choices)
     size_mode = django_filters.ChoiceFilter(choices=SizeMode.choices)
@@ -75,6 +100,7 @@ class GpuFilterSet(django_filters.FilterSet):
 
 
 class ArtistFilterSet(django_filters.FilterSet):
+    q = search_filter("name", "user__username", placeholder="Name or user name")
     name = django_filters.CharFilter(lookup_expr="icontains")
     user = _choice_of(queries.visible_users)
     workflow = django_filters.ChoiceFilter(choices=Workflow.choices)
@@ -86,6 +112,7 @@ class ArtistFilterSet(django_filters.FilterSet):
 
 
 class VirtualMachineFilterSet(django_filters.FilterSet):
+    q = search_filter("name", "uuid", "artist__name", placeholder="VM name, UUID or artist")
     name = django_filters.CharFilter(lookup_expr="icontains")
     host = _choice_of(queries.visible_hosts)
     artist = _choice_of(queries.visible_artists)

@@ -368,6 +368,16 @@ def check_placement(gpu: GpuState, profile: ProfileSpec, vm: VmState, host: Host
     return decision
 
 
+def check_gpu_fit(gpu: GpuState, profile: ProfileSpec) -> Decision:
+    """Whether one more vGPU of `profile` fits on `gpu` by the GPU's own rules alone (model,
+    passthrough, equal or mixed size, maximum per GPU, frame buffer, placement slot).
+
+    For questions asked before a VM is chosen ("where could a new 12Q go?", fleet.capacity);
+    `check_placement` applies these same rules and adds those of the VM and its host.
+    """
+    return _gpu_rules(gpu, profile)
+
+
 def check_gpu_change(gpu: GpuState, mode: str, size_mode: str,
                      model: GpuModelSpec | None = None, host_id: int | None = None) -> list[Violation]:
     """Whether a GPU may take this mode, size mode, model and host now.

@@ -116,12 +116,13 @@ def clock_problem(report: Report, received_at: float) -> str | None:
 
 
 def store_reports(
-    items: Iterable[tuple[Agent, Report]], received_at: datetime | float | None = None,
+    items: Iterable[tuple[Agent, Report]], received_at: datetime | float | None = None, *, check_clock: bool = True,
 ) -> IngestStats:
     """Store the samples of each (agent, report), discover GPUs, upsert and resolve drift.
 
     `received_at` (a datetime or Unix seconds; now by default) is when the reports arrived:
-    stamps further from it than TELEMETRY_MAX_CLOCK_SKEW_S are refused per agent. Everything
+    stamps further from it than TELEMETRY_MAX_CLOCK_SKEW_S are refused per agent, unless
+    `check_clock` is off (a back-fill of past readings, `telemetry.history`). Everything
     accepted is written in one transaction.
     """
     if received_at is None:
@@ -133,7 +134,7 @@ def store_reports(
     stats = IngestStats()
     accepted = []
     for agent, report in items:
-        problem = clock_problem(report, received_s)
+        problem = clock_problem(report, received_s) if check_clock else None
         if problem:
             stats.errors[agent.pk] = problem
         else:

@@ -51,3 +51,57 @@ def latest_vgpu_samples(since: datetime | None = None) -> dict[tuple[int, int], 
     ).values("sample_id")
     rows = VgpuSample.objects.filter(pk__in=latest_ids).order_by().values("vm_id", "gpu_id", *VGPU_SAMPLE_FIELDS)
     return {(row.pop("vm_id"), row.pop("gpu_id")): row for row in rows}
+
+
+# The fleet overview's reads -----------------------------------------------------------------
+
+
+def agents_by_status() -> dict[str, list]:
+    """Every agent with its host, grouped by `Agent.status` (ok / stale / error / new / disabled;
+    every status present as a key), each group in name order. One query.
+
+    The status is judged in Python, by the model's own property, so the overview never disagrees
+    with the agents page or the API; the agent table is small (one row per source).
+    """
+    from telemetry.models import Agent, AgentStatus
+
+    groups: dict[str, list] = {status: [] for status in AgentStatus.values}
+    for agent in Agent.objects.select_related("host").order_by("name", "id"):
+        groups[agent.status].append(agent)
+    return groups
+
+
+def allocation_use(since: datetime, limit: int) -> tuple[list[dict], int]:
+    """The `limit` VMs holding vGPUs now that used their allocation least since `since`, and how
+    many VMs holding vGPUs have no data to judge by. Two queries.
+
+    Read from the hourly VmRollups. Each row: {vm_id, vm_name, artist_name, fb_p95_pct (the
+    highest hourly p95 of frame buffer used, as % of what the VM's profiles gave it that hour),
+    util_gpu_avg (mean of the hourly means, %), hours}; lowest `fb_p95_pct` first, then lowest
+    utilization. A VM without an hourly rollup carrying frame buffer data is not "idle" but
+    unknown, hence the separate count.
+    """
+    from django.db.models import Avg, Count, F, Max
+
+    from fleet.models import VirtualMachine
+    from telemetry.models import VmRollup
+
+    allocated = Vgpu.objects.order_by().values("vm_id")
+    rollups = VmRollup.objects.filter(
+        step_s=3600, bucket__gte=since, vm_id__in=allocated,
+        profile_fb_mib__gt=0, fb_used_mib_p95__isnull=False,
+    )
+    rows = list(
+        rollups.order_by().values("vm_id", "vm__name", "vm__artist__name")
+        .annotate(
+            fb_p95_pct=Max(F("fb_used_mib_p95") * 100.0 / F("profile_fb_mib")),
+            util_gpu_avg=Avg("util_gpu_avg"),
+            hours=Count("pk"),
+        )
+        .order_by("fb_p95_pct", F("util_gpu_avg").asc(nulls_last=True), "vm__name", "vm_id")[:limit]
+    )
+    for row in rows:
+        row["vm_name"] = row.pop("vm__name")
+        row["artist_name"] = row.pop("vm__artist__name")
+    no_data = VirtualMachine.objects.filter(pk__in=allocated).exclude(pk__in=rollups.values("vm_id")).count()
+    return rows, no_data

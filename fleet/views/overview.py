@@ -1,10 +1,47 @@
-"""Placeholder: the fleet overview (being built)."""
-from django.http import HttpResponse
+"""The fleet overview, the admins' home page (`/`), and its live-refreshed part.
+
+The page renders the live partial inline, so it works without JavaScript; htmx then re-fetches
+the partial from `overview_live` every settings.DASHBOARD_REFRESH_S seconds and swaps it in.
+Everything shown is read by `fleet.overview.load_overview` in a fixed number of queries.
+"""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.contrib.auth.decorators import login_required
+from django.shortcuts import redirect, render
+from django.utils import timezone
+from django_htmx.http import HttpResponseClientRefresh
+
+from fleet.overview import load_overview
+from fleet.queries import is_fleet_admin
+from fleet.views.access import staff_required
 
 
+def _context() -> dict:
+    return {"overview": load_overview(timezone.now()), "refresh_s": settings.DASHBOARD_REFRESH_S}
+
+
+@login_required
 def overview(request):
-    return HttpResponse("overview")
+    """Admins get the fleet overview; anyone else signed in is an artist, whose home is /me/."""
+    if not is_fleet_admin(request.user):
+        return redirect("fleet:workstation")
+    return render(request, "fleet/overview.html", _context())
 
 
 def overview_live(request):
-    return HttpResponse("overview")
+    """Only the live part of the overview (figures and tables), for htmx to swap in.
+
+    A poll from a page whose session has ended (signed out elsewhere, expired, no longer staff)
+    reloads the whole page, whose own checks then send the browser to the login page or to /me/,
+    rather than swapping a login form into the middle of the overview.
+    """
+    if request.htmx and not is_fleet_admin(request.user):
+        return HttpResponseClientRefresh()
+    return _overview_live(request)
+
+
+@staff_required
+def _overview_live(request):
+    return render(request, "fleet/partials/overview_live.html", _context())

@@ -10,9 +10,7 @@ it back later.
 from __future__ import annotations
 
 import django_filters
-from django.conf import settings
-from django.db.models import F, Q, QuerySet
-from django.utils import timezone
+from django.db.models import QuerySet
 from drf_spectacular.utils import OpenApiResponse, extend_schema, extend_schema_view
 from rest_framework import serializers, status, viewsets
 from rest_framework.decorators import action
@@ -20,8 +18,8 @@ from rest_framework.filters import OrderingFilter
 from rest_framework.permissions import BasePermission
 from rest_framework.response import Response
 
-from fleet.models import Host
 from fleet.queries import is_fleet_admin
+from telemetry.filtersets import AgentFilterSet
 from telemetry.models import Agent, AgentKind, AgentStatus
 
 POLLED_KINDS = (AgentKind.NVML, AgentKind.DCGM_EXPORTER)
@@ -35,34 +33,6 @@ class IsFleetAdmin(BasePermission):
 
     def has_permission(self, request, view) -> bool:
         return is_fleet_admin(request.user)
-
-
-def status_filter(status_value: str) -> Q:
-    """The rows whose `Agent.status` is `status_value`, as a query (mirrors the property)."""
-    erred = Q(last_error_at__isnull=False) & (Q(last_seen__isnull=True) | Q(last_error_at__gt=F("last_seen")))
-    fresh_since = timezone.now() - timezone.timedelta(seconds=settings.TELEMETRY_STALE_AFTER_S)
-    enabled = Q(enabled=True)
-    return {
-        AgentStatus.DISABLED: Q(enabled=False),
-        AgentStatus.ERROR: enabled & erred,
-        AgentStatus.NEW: enabled & ~erred & Q(last_seen__isnull=True),
-        AgentStatus.STALE: enabled & ~erred & Q(last_seen__lt=fresh_since),
-        AgentStatus.OK: enabled & ~erred & Q(last_seen__gte=fresh_since),
-    }[status_value]
-
-
-class AgentFilterSet(django_filters.FilterSet):
-    name = django_filters.CharFilter(lookup_expr="icontains")
-    host = django_filters.ModelChoiceFilter(queryset=Host.objects.all())
-    status = django_filters.ChoiceFilter(choices=AgentStatus.choices, method="filter_status",
-                                         label="Status (ok, stale, error, new, disabled)")
-
-    class Meta:
-        model = Agent
-        fields = ["name", "kind", "host", "enabled", "status"]
-
-    def filter_status(self, queryset: QuerySet, name: str, value: str) -> QuerySet:
-        return queryset.filter(status_filter(value))
 
 
 class AgentSerializer(serializers.ModelSerializer):

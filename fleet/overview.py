@@ -1,0 +1,234 @@
+"""Everything the fleet overview (`/`) shows, read in a fixed number of queries.
+
+Placement states of every GPU are built from two bulk queries (GPUs with host and model, then
+every vGPU with its profile) instead of `services.gpu_state()` once per GPU, and handed to the
+pure `fleet.capacity`; telemetry comes from `telemetry.queries`. The query count does not grow
+with the fleet: ten, whether it has two GPUs or a thousand.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from fleet import capacity, placement
+from fleet.choices import GpuMode
+from fleet.models import Artist, Gpu, Host, Vgpu, VgpuProfile, VirtualMachine
+from telemetry import queries as telemetry_queries
+from telemetry.models import AgentStatus
+
+#: Samples older than this are not "now": a GPU whose agent went quiet is not among the hottest.
+HOT_SAMPLE_MAX_AGE = timedelta(minutes=5)
+HOT_GPUS = 5
+IDLE_WINDOW = timedelta(hours=24)
+IDLE_VMS = 5
+CANDIDATES = 3
+AGENTS_NEEDING_ATTENTION = 6
+AGENT_STATUS_ORDER = (AgentStatus.OK, AgentStatus.STALE, AgentStatus.ERROR, AgentStatus.NEW, AgentStatus.DISABLED)
+
+
+@dataclass(frozen=True)
+class GpuRef:
+    """A GPU as the overview names it: host · PCI bus id, model, and its detail page's id."""
+
+    id: int
+    host_id: int
+    host_name: str
+    pci_bus_id: str
+    model_name: str
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A GPU that takes `count` more vGPUs of a profile, with its free frame buffer now."""
+
+    gpu: GpuRef
+    count: int
+    free_fb_mib: int
+
+    @property
+    def free_fb_gib(self) -> float:
+        return self.free_fb_mib / capacity.MIB_PER_GIB
+
+
+@dataclass(frozen=True)
+class RoomRow:
+    """One line of "where could a new vGPU go": a common profile and its best GPUs."""
+
+    room: capacity.ProfileRoom
+    candidates: list[Candidate]
+    more_gpus: int  # GPUs that take some but are not among `candidates`
+    refusals: list[tuple[str, int]]  # (why, how many GPUs) for the GPUs of the model that take none
+
+
+@dataclass(frozen=True)
+class HotGpu:
+    gpu: GpuRef
+    sample: dict
+
+
+@dataclass(frozen=True)
+class IdleVm:
+    vm_id: int
+    vm_name: str
+    artist_name: str | None
+    profiles: str
+    fb_p95_pct: float
+    util_gpu_avg: float | None
+    hours: int
+
+
+@dataclass
+class Overview:
+    """The overview's figures and tables (see templates/fleet/partials/overview_live.html)."""
+
+    now: datetime
+    host_count: int
+    vm_count: int
+    artist_count: int
+    gpu_count: int
+    vgpu_mode_gpu_count: int
+    passthrough_gpu_count: int
+    vgpu_count: int
+    vms_with_vgpus: int
+    frame_buffer: capacity.FrameBuffer
+    usage: list[capacity.ProfileUsage]
+    room: list[RoomRow]
+    agent_counts: list[tuple[str, str, int]]  # (status, label, count)
+    agent_total: int
+    agents_needing_attention: list
+    more_agents_needing_attention: int
+    hottest: list[HotGpu]
+    gpus_without_recent_sample: int
+    idle: list[IdleVm]
+    idle_no_data: int
+    hot_sample_max_age_min: int = int(HOT_SAMPLE_MAX_AGE.total_seconds() // 60)
+    idle_window_h: int = int(IDLE_WINDOW.total_seconds() // 3600)
+
+
+# Why a GPU takes no vGPU of a profile, worded for the capacity table ("no room: <why> (2 GPUs)").
+REFUSAL_WORDS = {
+    placement.Rule.PASSTHROUGH: "passthrough mode",
+    placement.Rule.EQUAL_SIZE: "another size placed (equal-size mode)",
+    placement.Rule.MAX_PER_GPU: "the profile's maximum per GPU reached",
+    placement.Rule.FRAME_BUFFER: "not enough free frame buffer",
+    placement.Rule.PLACEMENT_SLOT: "no free aligned span (mixed-size mode)",
+    placement.Rule.MIXED_SIZE_PROFILE: "mixed-size mode, which the profile is not offered in",
+}
+
+
+def gpu_states() -> tuple[list[placement.GpuState], dict[int, GpuRef], list[Vgpu]]:
+    """The placement state of every GPU, a GpuRef of each by id, and every vGPU row. Two queries."""
+    gpus = list(Gpu.objects.select_related("host", "gpu_model").order_by("host__name", "pci_bus_id", "id"))
+    vgpus = list(Vgpu.objects.select_related("profile__gpu_model").order_by("gpu_id", "placement_id", "id"))
+    placed: dict[int, list[placement.PlacedVgpu]] = defaultdict(list)
+    specs: dict[int, placement.ProfileSpec] = {}
+    for vgpu in vgpus:
+        if vgpu.profile_id not in specs:
+            specs[vgpu.profile_id] = vgpu.profile.to_spec()
+        placed[vgpu.gpu_id].append(placement.PlacedVgpu(specs[vgpu.profile_id], vgpu.vm_id, vgpu.placement_id))
+    models: dict[int, placement.GpuModelSpec] = {}
+    states, refs = [], {}
+    for gpu in gpus:
+        if gpu.gpu_model_id not in models:
+            models[gpu.gpu_model_id] = gpu.gpu_model.to_spec()
+        states.append(placement.GpuState(
+            id=gpu.pk, label=gpu.label, host_id=gpu.host_id, model=models[gpu.gpu_model_id],
+            mode=gpu.mode, size_mode=gpu.size_mode, vgpus=tuple(placed[gpu.pk]),
+        ))
+        refs[gpu.pk] = GpuRef(gpu.pk, gpu.host_id, gpu.host.name, gpu.pci_bus_id, gpu.gpu_model.name)
+    return states, refs, vgpus
+
+
+def catalog_q_profiles(model_names: set[str]) -> list[placement.ProfileSpec]:
+    """The Q profiles of the given GPU models (candidates of `capacity.common_profiles`). One query."""
+    if not model_names:
+        return []
+    profiles = VgpuProfile.objects.select_related("gpu_model").filter(
+        gpu_model__name__in=sorted(model_names), series="Q",
+    )
+    return [profile.to_spec() for profile in profiles]
+
+
+def _room_rows(rooms: list[capacity.ProfileRoom], refs: dict[int, GpuRef]) -> list[RoomRow]:
+    return [
+        RoomRow(
+            room=room,
+            candidates=[
+                Candidate(refs[r.gpu.id], r.count, r.free_fb_mib) for r in room.candidates[:CANDIDATES]
+            ],
+            more_gpus=max(len(room.candidates) - CANDIDATES, 0),
+            refusals=[(REFUSAL_WORDS.get(rule, rule), count) for rule, count in room.refusals],
+        )
+        for room in rooms
+    ]
+
+
+def _hottest(refs: dict[int, GpuRef], now: datetime) -> tuple[list[HotGpu], int]:
+    samples = telemetry_queries.latest_gpu_samples(since=now - HOT_SAMPLE_MAX_AGE)
+    ranked = sorted(
+        (HotGpu(refs[gpu_id], sample) for gpu_id, sample in samples.items()
+         if gpu_id in refs and sample["util_gpu"] is not None),
+        key=lambda hot: (-hot.sample["util_gpu"], -(hot.sample["temp_c"] or 0), hot.gpu.host_name,
+                         hot.gpu.pci_bus_id),
+    )
+    return ranked[:HOT_GPUS], len(refs) - len(samples)
+
+
+def _idle(vgpus: list[Vgpu], now: datetime) -> tuple[list[IdleVm], int]:
+    rows, no_data = telemetry_queries.allocation_use(since=now - IDLE_WINDOW, limit=IDLE_VMS)
+    profiles: dict[int, list[str]] = defaultdict(list)
+    for vgpu in vgpus:
+        profiles[vgpu.vm_id].append(vgpu.profile.name)
+    return [
+        IdleVm(
+            vm_id=row["vm_id"], vm_name=row["vm_name"], artist_name=row["artist_name"],
+            profiles=", ".join(sorted(profiles.get(row["vm_id"], []))),
+            fb_p95_pct=row["fb_p95_pct"], util_gpu_avg=row["util_gpu_avg"], hours=row["hours"],
+        )
+        for row in rows
+    ], no_data
+
+
+def _agents() -> tuple[list[tuple[str, str, int]], list]:
+    """(status, label, count) for every status, and the agents needing attention: those in error
+    first, then the stale ones, silent longest first (never-seen agents are "new", not here)."""
+    groups = telemetry_queries.agents_by_status()
+    counts = [(status, AgentStatus(status).label, len(groups[status])) for status in AGENT_STATUS_ORDER]
+    attention = groups[AgentStatus.ERROR] + sorted(groups[AgentStatus.STALE], key=lambda a: (a.last_seen, a.name))
+    return counts, attention
+
+
+def load_overview(now: datetime) -> Overview:
+    """Read everything the overview shows, as of `now`. A fixed number of queries (ten)."""
+    states, refs, vgpus = gpu_states()
+    usage = capacity.profile_usage(states)
+    vgpu_models = {state.model.name for state in states if state.mode != GpuMode.PASSTHROUGH}
+    rooms = capacity.fleet_room(states, catalog_q_profiles(vgpu_models))
+    agent_counts, attention = _agents()
+    hottest, without_sample = _hottest(refs, now)
+    idle, idle_no_data = _idle(vgpus, now)
+    passthrough = sum(1 for state in states if state.mode == GpuMode.PASSTHROUGH)
+    return Overview(
+        now=now,
+        host_count=Host.objects.count(),
+        vm_count=VirtualMachine.objects.count(),
+        artist_count=Artist.objects.count(),
+        gpu_count=len(states),
+        vgpu_mode_gpu_count=len(states) - passthrough,
+        passthrough_gpu_count=passthrough,
+        vgpu_count=len(vgpus),
+        vms_with_vgpus=len({vgpu.vm_id for vgpu in vgpus}),
+        frame_buffer=capacity.frame_buffer(states),
+        usage=usage,
+        room=_room_rows(rooms, refs),
+        agent_counts=agent_counts,
+        agent_total=sum(count for _, _, count in agent_counts),
+        agents_needing_attention=attention[:AGENTS_NEEDING_ATTENTION],
+        more_agents_needing_attention=max(len(attention) - AGENTS_NEEDING_ATTENTION, 0),
+        hottest=hottest,
+        gpus_without_recent_sample=without_sample,
+        idle=idle,
+        idle_no_data=idle_no_data,
+    )

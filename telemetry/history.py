@@ -1,0 +1,91 @@
+"""Back-filled history for the demo fleet: what its simulated agents would have reported.
+
+A fresh demo otherwise opens on empty heatmaps: the agents only start reporting when
+`runfleet` starts them. `backfill_history` asks each demo host's sim backend for its readings
+at past instants (the sim is a pure function of time, so these are the very figures its agent
+would have served then), stores them through the real ingest path, and rebuilds the rollups
+over that span (rewinding the checkpoints first, since live collection may already have moved
+them past it). Only demo agents are back-filled: their scenario comes from the inventory.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+from django.conf import settings
+
+from telemetry.agent import __version__ as AGENT_VERSION
+from telemetry.agent.sim_backend import SimBackend
+from telemetry.demo import host_scenario
+from telemetry.ingest import store_reports
+from telemetry.models import ROLLUP_STEPS_S, Agent, GpuSample
+from telemetry.payload import parse_agent_payload
+from telemetry.rollups import build_rollups, rewind_rollups
+
+
+@dataclass
+class BackfillResult:
+    agents: int = 0
+    reports: int = 0
+    gpu_samples: int = 0
+    vgpu_samples: int = 0
+    rollups: int = 0
+    skipped: bool = False
+    seconds: float = 0.0
+
+
+#: (days back, seconds between readings): a dense last day for the 5-minute views, a sparser
+#: fortnight behind it for the weekly ones, so a first `make run` back-fills in seconds.
+DEFAULT_TIERS = ((14.0, 1800), (1.0, 300))
+#: Readings per host stored in one ingest transaction.
+CHUNK = 48
+
+
+def moments(now: datetime, tiers: tuple[tuple[float, int], ...]) -> list[float]:
+    """Unix times of the readings: each tier's, aligned to its interval, merged in order."""
+    end_s = now.timestamp()
+    found = set()
+    for days, every_s in tiers:
+        first = (end_s - days * 86400) // every_s * every_s + every_s
+        found.update(first + i * every_s for i in range(int((end_s - first) // every_s) + 1))
+    return sorted(t for t in found if t <= end_s)
+
+
+def backfill_history(agents: list[Agent], *, tiers: tuple[tuple[float, int], ...] = DEFAULT_TIERS,
+                     now: datetime | None = None, force: bool = False) -> BackfillResult:
+    """Store the readings of `tiers` for each agent's host, then build the rollups over them.
+
+    Skipped (nothing written) when samples already reach back to the start, unless `force`:
+    running it twice costs time and changes nothing, as ingest ignores samples it holds."""
+    started = time.monotonic()
+    now = now or datetime.now(UTC)
+    result = BackfillResult(agents=len(agents))
+    times = moments(now, tiers)
+    if not times:
+        return result
+    start = datetime.fromtimestamp(times[0], tz=UTC)
+    host_ids = [agent.host_id for agent in agents if agent.host_id]
+    if not force and GpuSample.objects.filter(gpu__host_id__in=host_ids, ts__lte=start).exists():
+        result.skipped = True
+        return result
+    backends = [(agent, SimBackend(host_scenario(agent.host, timezone=settings.TIME_ZONE)))
+                for agent in agents if agent.host is not None]
+    for first in range(0, len(times), CHUNK):
+        items = [(agent, parse_agent_payload({
+            "agent": {"version": AGENT_VERSION, "hostname": backend.hostname, "backend": backend.name},
+            "collected_at": t, "gpus": backend.collect(t),
+        })) for t in times[first:first + CHUNK] for agent, backend in backends]
+        # Past readings on purpose: the ingest's clock check (against now) does not apply.
+        stats = store_reports(items, received_at=now, check_clock=False)
+        result.reports += len(items)
+        result.gpu_samples += stats.gpu_samples
+        result.vgpu_samples += stats.vgpu_samples
+    rewind_rollups(start)
+    for step_s in ROLLUP_STEPS_S:
+        # One unbounded run catches up with the whole span.
+        built = build_rollups(step_s, now=now, max_buckets=len(times) + 1)
+        result.rollups += sum(series.rows for series in built.series)
+    result.seconds = time.monotonic() - started
+    return result
