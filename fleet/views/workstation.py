@@ -1,6 +1,76 @@
-"""Placeholder: an artist's workstation page (being built)."""
-from django.http import HttpResponse
+"""An artist's own page (`/me/`): their VMs, what they used of their profiles, nothing of anyone else.
+
+Only the signed-in user's Artist row and its VMs are read; a VM's host is named (not linked,
+unless the user is an admin) and nothing about other VMs on the same GPU or host is loaded, so
+nothing of theirs can leak into the page. The default range is the last 30 days (the closest
+preset to "the last few weeks"), long enough to see a working rhythm.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from django.contrib.auth.decorators import login_required
+
+from fleet.details import NO_USAGE, Usage, agents_by_host, gib, vm_usage, vms_with_vgpus
+from fleet.models import Artist, VirtualMachine
+from fleet.queries import is_fleet_admin
+from fleet.views.details import (
+    Chart,
+    Notice,
+    agent_notices,
+    no_data_hint,
+    page_range,
+    render_page,
+    usage_sentences,
+    vm_charts,
+)
+
+DEFAULT_RANGE = "30d"
 
 
+@dataclass
+class Workstation:
+    """One of the artist's VMs as /me/ shows it."""
+
+    vm: VirtualMachine
+    profile_fb_mib: int
+    usage: Usage
+    summary: list[str]
+    charts: list[Chart]
+    notices: list[Notice]
+
+    @property
+    def profile_fb_gib(self) -> float | None:
+        return gib(self.profile_fb_mib)
+
+    @property
+    def profiles(self) -> str:
+        return ", ".join(vgpu.profile.name for vgpu in self.vm.vgpus.all())
+
+
+@login_required
 def workstation(request):
-    return HttpResponse("workstation")
+    """The signed-in artist's VMs with their profiles, charts of frame buffer against the profile
+    and utilization, and a plain-language summary over the range."""
+    staff = is_fleet_admin(request.user)
+    artist = Artist.objects.filter(user=request.user).first()
+    time_range, error = page_range(request, default=DEFAULT_RANGE)
+    workstations = []
+    if artist is not None:
+        vms = list(vms_with_vgpus(VirtualMachine.objects.filter(artist=artist)))
+        usage = vm_usage([vm.pk for vm in vms], time_range.start, time_range.end) if vms else {}
+        agents = agents_by_host({vm.host_id for vm in vms}) if vms else {}
+        for vm in vms:
+            profile_fb_mib = sum(vgpu.profile.fb_mib for vgpu in vm.vgpus.all())
+            vm_agents = agents.get(vm.host_id, [])
+            hint = no_data_hint(vm.host, vm_agents, staff)
+            used = usage.get(vm.pk, NO_USAGE)
+            workstations.append(Workstation(
+                vm=vm, profile_fb_mib=profile_fb_mib, usage=used,
+                summary=usage_sentences(used, profile_fb_mib, time_range),
+                charts=vm_charts(vm, profile_fb_mib, time_range, hint),
+                notices=agent_notices(vm_agents, staff),
+            ))
+    context = {"artist": artist, "workstations": workstations, "staff": staff}
+    return render_page(request, "fleet/workstation.html", context, time_range, error)

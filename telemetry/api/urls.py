@@ -6,7 +6,7 @@ Each resource keeps its own block, so adding one touches no other line.
 from django.urls import path
 from rest_framework.routers import SimpleRouter
 
-from telemetry.api import agents, ingest, metrics
+from telemetry.api import agents, heatmap, ingest, metrics
 
 urlpatterns = []
 
@@ -24,4 +24,9 @@ urlpatterns += [
 # ingest/nvidia-smi/: hosts without an agent push nvidia-smi -q -x documents (agent token).
 urlpatterns += [
     path("ingest/nvidia-smi/", ingest.NvidiaSmiIngestView.as_view(), name="ingest-nvidia-smi"),
+]
+
+# heatmap/: GPU x time, VM x time and host x hour-of-week matrices from the rollups.
+urlpatterns += [
+    path("heatmap/", heatmap.HeatmapView.as_view(), name="heatmap-api"),
 ]

@@ -1,0 +1,290 @@
+"""Benchmark of `/api/v1/heatmap/`: GPU x time of a 1,000-GPU fleet over 24 h, against the same
+matrix computed from raw samples.
+
+    DATABASE_URL=postgres://postgres@127.0.0.1:5432/bench_heatmap python bench/heatmap.py [--gpus 1000] [--runs 7]
+
+Runs in a throwaway test database (Django's `test_<name>`: `test_bench_heatmap` above, created
+and dropped here), so it never touches real data. It seeds `--gpus` NVIDIA L40S GPUs on hosts
+of 8 and a raw sample of each GPU every `--every` seconds for `--hours` hours (24 h every 30 s:
+2.88 M rows, by one INSERT ... SELECT over generate_series), then the 5-minute and hourly
+rollups of those samples by SQL aggregation (the same definitions as `telemetry.rollups`:
+avg, max, nearest-rank p95 = percentile_disc(0.95); checked against `gpu_rollup` on a few
+buckets), because `build_rollups` reads the samples into Python and would take minutes here.
+
+Then, after a warm-up, it times `--runs` requests of the endpoint through Django's APIClient
+(a staff user; routing, the view, the queries, the JSON rendering) for GPU x time at 300 s
+steps (288 columns), and the same matrix from raw samples: one SQL GROUP BY over GpuSample
+into the same dense rows (query and matrix only, no labels and no JSON: a floor for any
+raw-sample endpoint). Checks that both matrices agree (avg util_gpu) and prints both medians,
+`ratio` (raw / endpoint), the raw query again without parallel workers (its cost on one
+core), rows x columns and the payload size, then a few other views for reference.
+The covering indexes of migration telemetry 0003 are in place (the seeding is followed by
+VACUUM ANALYZE, as autovacuum would do, so PostgreSQL can answer from them alone).
+PostgreSQL only (the seeding uses generate_series). Prints figures; asserts only the
+agreement of the two matrices.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import math
+import os
+import platform
+import pstats
+import statistics
+import sys
+import time
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
+
+import django  # noqa: E402
+
+django.setup()
+
+from django.db import connection  # noqa: E402
+from django.test.utils import (  # noqa: E402
+    setup_databases,
+    setup_test_environment,
+    teardown_databases,
+    teardown_test_environment,
+)
+
+T0 = datetime(2026, 3, 2, 0, 0, tzinfo=UTC)
+GPUS_PER_HOST = 8
+BOARD = "NVIDIA L40S"
+URL = "/api/v1/heatmap/"
+
+# Rows are written in time order, as collection and `build_rollups` write them (the physical
+# order decides what an index scan by GPU costs).
+# util_gpu follows a studio day (busy in the afternoon) with a per-GPU phase and noise; the
+# other metrics are noise around plausible levels. Some GPUs stay silent (every 97th): rows
+# of nulls, as a real fleet has.
+_SAMPLES_SQL = """
+INSERT INTO telemetry_gpusample (gpu_id, ts, util_gpu, util_mem, fb_used_mib, fb_total_mib, enc_util, dec_util,
+                                 temp_c, power_w, sm_clock_mhz)
+SELECT g.id, %(t0)s::timestamptz + s * %(every)s * interval '1 second',
+       LEAST(100, GREATEST(0, 45 + 40 * sin((s * %(every)s / 86400.0 + g.id / 97.0) * 2 * pi()) + random() * 20 - 10)),
+       random() * 60, random() * 49152, 49152, NULL, 0, 30 + random() * 50, 60 + random() * 290, 2520
+FROM fleet_gpu g CROSS JOIN generate_series(0, %(count)s - 1) s
+WHERE g.id %% 97 <> 0
+ORDER BY s, g.id
+"""
+
+_ROLLUPS_SQL = """
+INSERT INTO telemetry_gpurollup (gpu_id, step_s, bucket, samples, util_gpu_avg, util_gpu_max, util_gpu_p95,
+                                 util_mem_avg, util_mem_max, fb_used_mib_avg, fb_used_mib_max, fb_used_mib_p95,
+                                 enc_util_avg, enc_util_max, dec_util_avg, dec_util_max, fb_total_mib,
+                                 temp_c_avg, temp_c_max, power_w_avg, power_w_max, sm_clock_mhz_avg)
+SELECT gpu_id, %(step)s, to_timestamp(floor(date_part('epoch', ts) / %(step)s) * %(step)s) AS bucket, count(*),
+       avg(util_gpu), max(util_gpu), percentile_disc(0.95) WITHIN GROUP (ORDER BY util_gpu),
+       avg(util_mem), max(util_mem),
+       avg(fb_used_mib), max(fb_used_mib), percentile_disc(0.95) WITHIN GROUP (ORDER BY fb_used_mib),
+       avg(enc_util), max(enc_util), avg(dec_util), max(dec_util), max(fb_total_mib),
+       avg(temp_c), max(temp_c), avg(power_w), max(power_w), avg(sm_clock_mhz)
+FROM telemetry_gpusample
+GROUP BY gpu_id, bucket
+ORDER BY bucket, gpu_id
+"""
+
+# The raw-sample matrix: the same cells (avg util_gpu per GPU and 300 s bucket), from samples.
+_RAW_SQL = """
+SELECT gpu_id, CAST(floor((date_part('epoch', ts) - %s) / %s) AS INTEGER), avg(util_gpu)
+FROM telemetry_gpusample WHERE ts >= %s AND ts < %s
+GROUP BY 1, 2
+"""
+
+
+# The index docs/benchmarks.md proposes: the rollups in GPU order with what the GPU heatmaps'
+# default views read, so the ordered aggregation reads an index instead of sorting the heap.
+def seed(gpus: int, hours: float, every_s: int) -> dict:
+    from fleet.models import Gpu, GpuModel, Host
+
+    started = time.perf_counter()
+    model = GpuModel.objects.get(name=BOARD)
+    hosts = Host.objects.bulk_create(Host(name=f"bench-{h:04d}", cpu_threads=128, ram_gib=1024)
+                                     for h in range(math.ceil(gpus / GPUS_PER_HOST)))
+    Gpu.objects.bulk_create(
+        Gpu(host=hosts[g // GPUS_PER_HOST], gpu_model=model, pci_bus_id=f"00000000:{g % GPUS_PER_HOST + 1:02X}:00.0",
+            uuid=f"GPU-bench-{g}")
+        for g in range(gpus)
+    )
+    timings = {}
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT setseed(0.7)")
+        cursor.execute(_SAMPLES_SQL, {"t0": T0, "every": every_s, "count": int(hours * 3600 / every_s)})
+        timings["samples"] = (cursor.rowcount, time.perf_counter() - started)
+        for step_s in (300, 3600):
+            begun = time.perf_counter()
+            cursor.execute(_ROLLUPS_SQL, {"step": step_s})
+            timings[f"rollups {step_s} s"] = (cursor.rowcount, time.perf_counter() - begun)
+        begun = time.perf_counter()
+        # As autovacuum would have by the time anyone looks: statistics and the visibility map.
+        cursor.execute("VACUUM ANALYZE")
+        timings["vacuum analyze"] = (0, time.perf_counter() - begun)
+    return timings
+
+
+def check_rollups(buckets: int = 4) -> None:
+    """The SQL rollups match `telemetry.rollups.gpu_rollup` (the product's definitions) on a few
+    buckets of a few GPUs."""
+    from telemetry.models import GpuRollup, GpuSample
+    from telemetry.rollups import _GPU_FIELDS, gpu_rollup
+
+    fields = ["samples", "util_gpu_avg", "util_gpu_max", "util_gpu_p95", "fb_used_mib_avg", "fb_used_mib_p95",
+              "temp_c_max", "power_w_avg", "fb_total_mib"]
+    for stored in GpuRollup.objects.order_by("?")[:buckets]:
+        end = stored.bucket + timedelta(seconds=stored.step_s)
+        rows = list(GpuSample.objects.filter(gpu_id=stored.gpu_id, ts__gte=stored.bucket, ts__lt=end)
+                    .values_list(*_GPU_FIELDS))
+        expected = gpu_rollup(stored.step_s, stored.bucket, stored.gpu_id, rows)
+        for name in fields:
+            got, want = getattr(stored, name), getattr(expected, name)
+            if not math.isclose(got, want, rel_tol=1e-9, abs_tol=1e-9):
+                raise SystemExit(f"SQL rollup differs from gpu_rollup: GPU {stored.gpu_id} {stored.bucket} "
+                                 f"{stored.step_s} s {name}: {got} != {want}")
+
+
+def raw_matrix(ids: list[int], start: datetime, end: datetime, step_s: int) -> list[list[float | None]]:
+    """Dense rows, in the order of `ids`, of avg util_gpu per `step_s` bucket from raw samples."""
+    columns = math.ceil((end - start).total_seconds() / step_s)
+    index = {gpu_id: i for i, gpu_id in enumerate(ids)}
+    z = [[None] * columns for _ in ids]
+    with connection.cursor() as cursor:
+        cursor.execute(_RAW_SQL, [start.timestamp(), step_s, start, end])
+        for gpu_id, column, value in cursor.fetchall():
+            z[index[gpu_id]][column] = value
+    return z
+
+
+def timed(function, runs: int, warmup: int = 2) -> tuple[float, list[float], object]:
+    """Median seconds of `runs` calls after `warmup` calls, every time, and the last result."""
+    for _ in range(warmup):
+        result = function()
+    times = []
+    for _ in range(runs):
+        started = time.perf_counter()
+        result = function()
+        times.append(time.perf_counter() - started)
+    return statistics.median(times), times, result
+
+
+def agree(a: list[list], b: list[list]) -> tuple[int, float]:
+    """Cells compared and the largest difference; SystemExit where one has a value and not the other."""
+    cells, worst = 0, 0.0
+    for i, (row_a, row_b) in enumerate(zip(a, b, strict=True)):
+        for j, (x, y) in enumerate(zip(row_a, row_b, strict=True)):
+            if (x is None) != (y is None):
+                raise SystemExit(f"row {i} column {j}: {x} vs {y}")
+            if x is not None:
+                cells += 1
+                worst = max(worst, abs(x - y))
+    return cells, worst
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--gpus", type=int, default=1000)
+    parser.add_argument("--hours", type=float, default=24)
+    parser.add_argument("--every", type=int, default=30, help="seconds between samples")
+    parser.add_argument("--runs", type=int, default=7)
+    parser.add_argument("--profile", action="store_true", help="print a cProfile of one endpoint request")
+    parser.add_argument("--keep", action="store_true",
+                        help="keep the database (and reuse its seed next time: the same arguments are assumed)")
+    args = parser.parse_args()
+    if connection.vendor != "postgresql":
+        raise SystemExit("bench/heatmap.py seeds with generate_series: set DATABASE_URL to a PostgreSQL server")
+
+    from rest_framework.test import APIClient
+
+    from fleet.tests.factories import UserFactory
+
+    # The test client's host name allowed, and DEBUG off: no query log slowing the requests.
+    setup_test_environment(debug=False)
+    old_config = setup_databases(verbosity=0, interactive=False, keepdb=args.keep)
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute("SHOW server_version")
+            server = cursor.fetchone()[0]
+        print(f"database: PostgreSQL {server}, {connection.settings_dict['NAME']}; Python {platform.python_version()}, "
+              f"{os.cpu_count()} CPUs")
+        from fleet.models import Gpu
+
+        if Gpu.objects.exists():
+            print(f"reusing the seeded database ({Gpu.objects.count():,} GPUs)")
+        else:
+            for name, (rows, seconds) in seed(args.gpus, args.hours, args.every).items():
+                print(f"seeded {name:>14}: {rows:>10,} rows in {seconds:6.1f} s")
+        check_rollups()
+        print("SQL rollups checked against telemetry.rollups.gpu_rollup: OK")
+        with connection.cursor() as cursor:
+            cursor.execute("VACUUM ANALYZE telemetry_gpurollup")
+        print("rollups vacuumed and analyzed (index-only scans of telemetry 0003's covering index)")
+
+        client = APIClient()
+        client.force_authenticate(UserFactory(username="bench-admin", is_staff=True))  # get_or_create
+        end = T0 + timedelta(hours=args.hours)
+        params = {"start": T0.isoformat(), "end": end.isoformat(), "group": "gpu", "metric": "util_gpu",
+                  "stat": "avg", "step": 300}
+
+        def endpoint(**extra):
+            response = client.get(URL, {**params, **extra})
+            assert response.status_code == 200, response.content[:500]
+            return response
+
+        api_s, api_runs, response = timed(endpoint, args.runs)
+        body = response.json()
+        raw_s, raw_runs, raw = timed(lambda: raw_matrix(body["ids"], T0, end, 300), args.runs)
+        cells, worst = agree(body["z"], raw)
+        rows, columns = len(body["y"]), len(body["x"])
+        print(f"GPU x time, 300 s: {rows:,} rows x {columns} columns = {rows * columns:,} cells "
+              f"({cells:,} with data), payload {len(response.content) / 1e6:.2f} MB")
+        print(f"matrices agree: {cells:,} cells, largest difference {worst:.2e}")
+        print(f"endpoint (rollups):    median {api_s * 1000:7.1f} ms  "
+              f"(runs: {', '.join(f'{t * 1000:.0f}' for t in api_runs)})")
+        print(f"raw samples (GROUP BY): median {raw_s * 1000:7.1f} ms  "
+              f"(runs: {', '.join(f'{t * 1000:.0f}' for t in raw_runs)})")
+        print(f"ratio (raw / endpoint): {raw_s / api_s:.1f}x")
+        # The raw GROUP BY runs on 2 parallel workers besides the leader; the endpoint's
+        # ordered aggregation cannot (json_agg has no parallel mode in PostgreSQL 15). The same
+        # raw query on one process tells what it costs in CPU, not only in wall time.
+        with connection.cursor() as cursor:
+            cursor.execute("SET max_parallel_workers_per_gather = 0")
+        serial_s, serial_runs, _ = timed(lambda: raw_matrix(body["ids"], T0, end, 300), args.runs, warmup=1)
+        with connection.cursor() as cursor:
+            cursor.execute("RESET max_parallel_workers_per_gather")
+        print(f"raw samples, no parallel workers: median {serial_s * 1000:7.1f} ms  "
+              f"(runs: {', '.join(f'{t * 1000:.0f}' for t in serial_runs)}); ratio {serial_s / api_s:.1f}x")
+
+        for label, extra in (
+            ("GPU x time, sort=peak", {"sort": "peak"}),
+            ("GPU x time, fb_used_pct", {"metric": "fb_used_pct"}),
+            ("GPU x time, 900 s (merged)", {"step": 900}),
+            ("host x time, 300 s", {"group": "host"}),
+            ("host x hour of week", {"group": "host", "fold": "hour_of_week", "step": ""}),
+        ):
+            seconds, _, other = timed(lambda extra=extra: endpoint(**extra), args.runs, warmup=1)
+            shape = other.json()
+            print(f"{label:>28}: median {seconds * 1000:7.1f} ms  ({len(shape['y']):,} x {len(shape['x'])}, "
+                  f"{len(other.content) / 1e6:.2f} MB)")
+
+        if args.profile:
+            profiler = cProfile.Profile()
+            profiler.enable()
+            endpoint()
+            profiler.disable()
+            out = io.StringIO()
+            pstats.Stats(profiler, stream=out).sort_stats("tottime").print_stats(25)
+            print(out.getvalue())
+    finally:
+        if not args.keep:
+            teardown_databases(old_config, verbosity=0)
+        teardown_test_environment()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,105 @@
+"""Browser tests: real Chromium (Debian's, at CHROMIUM_PATH) driven by Playwright against the
+app served over real HTTP by pytest-django's live server, on the demo fleet with a back-filled
+history.
+
+Without Chromium these tests are skipped with the reason, so `make test` works on a machine
+that has only Python; CI sets REQUIRE_BROWSER=1, which turns a missing browser into a failure.
+"""
+
+from __future__ import annotations
+
+import os
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+# Playwright's sync API runs an event loop in this thread; the ORM calls the tests make between
+# browser steps are still plain synchronous code, which Django otherwise refuses next to a loop.
+os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
+
+CHROMIUM_PATH = os.environ.get("CHROMIUM_PATH", "/usr/bin/chromium")
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-dev-shm-usage"]
+PASSWORD = "pass-word-123"
+VIEWPORT = {"width": 1440, "height": 900}
+
+
+@pytest.fixture(scope="session")
+def browser():
+    if not Path(CHROMIUM_PATH).exists():
+        message = (f"Chromium not found at {CHROMIUM_PATH}: install it (apt-get install chromium) or set "
+                   f"CHROMIUM_PATH")
+        if os.environ.get("REQUIRE_BROWSER"):
+            pytest.fail(message)
+        pytest.skip(message)
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        chromium = playwright.chromium.launch(executable_path=CHROMIUM_PATH, headless=True, args=CHROMIUM_ARGS)
+        yield chromium
+        chromium.close()
+
+
+@pytest.fixture
+def page(browser, live_server):
+    """A fresh browser context (no cookies) on the live server; JavaScript errors fail the test."""
+    context = browser.new_context(viewport=VIEWPORT, base_url=live_server.url)
+    tab = context.new_page()
+    errors: list[str] = []
+    tab.on("pageerror", lambda exc: errors.append(f"uncaught: {exc}"))
+    # A failed page load is the test's to check (a 403 or 404 may be the point); a failed
+    # script, stylesheet, image or API call under a page is a bug.
+    tab.on("console", lambda msg: errors.append(msg.text)
+           if msg.type == "error" and not msg.text.startswith("Failed to load resource") else None)
+    tab.on("response", lambda response: errors.append(f"HTTP {response.status} for {response.url}")
+           if response.status >= 400 and response.request.resource_type != "document" else None)
+    yield tab
+    context.close()
+    assert not errors, f"errors in the browser: {errors}"
+
+
+def sign_in(page, username: str, password: str = PASSWORD, next_path: str = "/") -> None:
+    """Log in through the login form, as a person would."""
+    page.goto(next_path)
+    page.wait_for_url("**/login/**")
+    page.fill("#id_username", username)
+    page.fill("#id_password", password)
+    page.click("button[type=submit]")
+    page.wait_for_load_state("networkidle")
+
+
+def build_demo_world(out_dir: Path, tiers: tuple[tuple[float, int], ...]) -> SimpleNamespace:
+    """The demo fleet (4 hosts, 3 with a simulated agent), a back-filled history of `tiers` and
+    a live state: every agent seen just now but one, which is stale. Built per test: browser
+    tests commit (the live server is another thread), and the flush afterwards restores the
+    catalog through serialized rollback."""
+    from fleet import demo as fleet_demo
+    from fleet.models import Artist
+    from telemetry import history
+    from telemetry.demo import write_demo_agents
+    from telemetry.models import Agent
+
+    fleet_demo.seed_demo(hosts=3, admin_password=PASSWORD, artist_password=PASSWORD)
+    write_demo_agents(out_dir=out_dir)
+    agents = list(Agent.objects.select_related("host").order_by("name"))
+    now = datetime.now(UTC)
+    history.backfill_history(agents, tiers=tiers, now=now)
+    Agent.objects.update(last_seen=now, last_attempt=now)
+    stale = agents[-1]
+    Agent.objects.filter(pk=stale.pk).update(last_seen=now - timedelta(hours=2), last_attempt=now)
+    artist = Artist.objects.filter(vms__vgpus__isnull=False).select_related("user").order_by("name").first()
+    other = Artist.objects.filter(vms__vgpus__isnull=False).exclude(pk=artist.pk).order_by("name").first()
+    return SimpleNamespace(now=now, agents=agents, stale=stale, artist=artist, other=other)
+
+
+@pytest.fixture
+def demo_world(tmp_path):
+    """Two days of history, the last 12 hours at 5-minute resolution."""
+    return build_demo_world(tmp_path / "agents", tiers=((2.0, 1800), (0.5, 300)))
+
+
+@pytest.fixture
+def rich_demo_world(tmp_path):
+    """What `make run` shows: 8 days of history (hour-of-week needs a week), the last day dense."""
+    return build_demo_world(tmp_path / "agents", tiers=((8.0, 1800), (1.05, 300)))

@@ -1,0 +1,186 @@
+"""The dashboard in a real browser: an admin's overview and heatmaps, click-through to the
+detail page at the clicked time, and an artist who sees only their own workstation."""
+
+from __future__ import annotations
+
+import os
+from datetime import UTC, datetime
+from pathlib import Path
+from urllib.parse import parse_qs, urlsplit
+
+import pytest
+from django.db.models import Sum
+
+from e2e.conftest import sign_in
+from fleet.choices import GpuMode
+from fleet.models import Artist, Gpu, Host, Vgpu, VirtualMachine
+
+pytestmark = pytest.mark.django_db(transaction=True, serialized_rollback=True)
+
+READY = "[data-state=ready], [data-state=empty], [data-state=error]"
+
+
+def figure(page, name: str, attribute: str = "data-value") -> int:
+    return int(page.locator(f"[data-figure={name}] .value").get_attribute(attribute))
+
+
+def draw_heatmap(page, query: str) -> dict:
+    """Open the heatmap page with `query`, wait for the chart and return its drawn state."""
+    page.goto(f"/heatmap/?{query}")
+    chart = page.locator("#heatmap")
+    chart.and_(page.locator(READY)).wait_for(timeout=20_000)
+    return {
+        "state": chart.get_attribute("data-state"),
+        "rows": int(chart.get_attribute("data-rows") or 0),
+        "columns": int(chart.get_attribute("data-columns") or 0),
+        "y": page.evaluate("() => document.getElementById('heatmap').data[0].y"),
+    }
+
+
+def test_admin_signs_in_and_the_overview_shows_what_the_database_holds(page, demo_world):
+    sign_in(page, "admin")
+
+    assert urlsplit(page.url).path == "/"
+    vgpu_gpus = Gpu.objects.filter(mode=GpuMode.VGPU)
+    assert figure(page, "hosts") == Host.objects.count()
+    assert figure(page, "gpus") == Gpu.objects.count()
+    assert figure(page, "vms") == VirtualMachine.objects.count()
+    assert figure(page, "artists") == Artist.objects.count()
+    assert figure(page, "vgpus") == Vgpu.objects.count()
+    assert figure(page, "frame-buffer") == Vgpu.objects.filter(gpu__in=vgpu_gpus).aggregate(
+        mib=Sum("profile__fb_mib"))["mib"]
+    assert figure(page, "frame-buffer", "data-physical-mib") == vgpu_gpus.aggregate(
+        mib=Sum("gpu_model__fb_mib"))["mib"]
+    health = {li.get_attribute("data-agents"): int(li.get_attribute("data-count"))
+              for li in page.locator("li[data-agents]").all()}
+    assert health["ok"] == len(demo_world.agents) - 1
+    assert health["stale"] == 1
+    assert demo_world.stale.name in page.locator("[data-table=agents-attention]").inner_text()
+
+
+def test_overview_refreshes_itself_without_a_reload(page, demo_world, settings):
+    from telemetry.models import Agent
+
+    settings.DASHBOARD_REFRESH_S = 2
+    sign_in(page, "admin")
+    page.evaluate("() => { window.notReloaded = true; }")
+    Agent.objects.update(last_seen=datetime.now(UTC))  # the stale agent reports again
+
+    page.locator("li[data-agents=stale][data-count='0']").wait_for(timeout=15_000)
+    assert page.evaluate("() => window.notReloaded") is True
+    assert int(page.locator("li[data-agents=ok]").get_attribute("data-count")) == len(demo_world.agents)
+
+
+def test_each_heatmap_draws_one_row_per_gpu_vm_and_host_in_scope(page, demo_world):
+    sign_in(page, "admin")
+
+    gpus = draw_heatmap(page, "view=gpu&range=24h")
+    assert gpus["state"] == "ready"
+    assert gpus["rows"] == Gpu.objects.count() == len(gpus["y"])
+    assert gpus["columns"] in (288, 289)  # 24 h of 5-minute buckets, the first one partly in range
+
+    vms = draw_heatmap(page, "view=vm&range=24h")
+    assert vms["state"] == "ready"
+    assert vms["rows"] == VirtualMachine.objects.filter(vgpus__isnull=False).distinct().count()
+
+    week = draw_heatmap(page, "view=host&range=7d")
+    assert week["state"] == "ready"
+    assert week["rows"] == Host.objects.count()
+    assert week["columns"] == 168
+
+
+def test_a_click_on_a_heatmap_cell_opens_that_gpu_at_that_time(page, demo_world):
+    sign_in(page, "admin")
+    draw_heatmap(page, "view=gpu&range=24h&sort=host")
+    row, column = 1, 200
+    target = page.evaluate(
+        """([row, column]) => {
+            const el = document.getElementById('heatmap');
+            const xa = el._fullLayout.xaxis, ya = el._fullLayout.yaxis, trace = el.data[0];
+            const box = el.getBoundingClientRect();
+            return {
+                x: box.left + xa._offset + xa.l2p(xa.d2l(trace.x[column])),
+                y: box.top + ya._offset + ya.l2p(ya.d2l(trace.y[row])),
+                at: trace.x[column],
+                id: el.heatmapRows ? el.heatmapRows[row].id : null,
+            };
+        }""",
+        [row, column],
+    )
+
+    page.mouse.click(target["x"], target["y"])
+    page.wait_for_url("**/gpus/*/?at=*")
+
+    url = urlsplit(page.url)
+    gpu = Gpu.objects.get(pk=int(url.path.strip("/").split("/")[-1]))
+    if target["id"] is not None:
+        assert gpu.pk == target["id"]
+    assert parse_qs(url.query)["at"] == [target["at"]]
+    assert gpu.pci_bus_id in page.locator("main").inner_text()
+    page.locator(".chart").first.and_(page.locator(READY)).wait_for(timeout=20_000)
+
+
+def test_an_artist_sees_their_own_workstation_and_nothing_of_anyone_else(page, demo_world):
+    artist, other = demo_world.artist, demo_world.other
+    own_vm = artist.vms.filter(vgpus__isnull=False).first()
+    other_vm = other.vms.first()
+
+    sign_in(page, artist.user.username)
+
+    assert urlsplit(page.url).path == "/me/"
+    body = page.locator("main").inner_text()
+    assert own_vm.name in body
+    assert other.name not in body
+    assert other_vm.name not in body
+    page.locator(".chart").first.and_(page.locator(READY)).wait_for(timeout=20_000)
+    assert page.locator("nav.mainnav a").all_inner_texts() == ["My workstation"]
+
+    assert page.goto(f"/vms/{other_vm.pk}/").status == 404
+    assert page.goto("/heatmap/").status == 403
+    assert page.goto(f"/gpus/{own_vm.vgpus.first().gpu_id}/").status == 403
+    response = page.goto(f"/api/v1/vms/{other_vm.pk}/")
+    assert response.status == 404
+
+
+SCREENSHOTS = [
+    ("login", None, "/login/"),
+    ("overview", "admin", "/"),
+    ("heatmap-gpu", "admin", "/heatmap/?view=gpu&range=24h&sort=host"),
+    ("heatmap-vm", "admin", "/heatmap/?view=vm&range=24h&sort=peak"),
+    ("heatmap-host-week", "admin", "/heatmap/?view=host&range=7d"),
+    ("hosts", "admin", "/hosts/"),
+    ("gpus", "admin", "/gpus/"),
+    ("vms", "admin", "/vms/"),
+    ("artists", "admin", "/artists/"),
+    ("agents", "admin", "/agents/"),
+    ("host-detail", "admin", "/hosts/{host}/"),
+    ("gpu-detail", "admin", "/gpus/{gpu}/"),
+    ("vm-detail", "admin", "/vms/{vm}/"),
+    ("artist-detail", "admin", "/artists/{artist}/"),
+    ("my-workstation", "artist", "/me/"),
+]
+
+
+def test_every_main_page_renders_its_charts_without_errors(page, rich_demo_world, tmp_path):
+    """Each main page loads, draws its charts (no chart left loading) and raises no JavaScript
+    error. With SCREENSHOT_DIR set, the screenshots go there (docs/screenshots/ in the README)."""
+    out = Path(os.environ.get("SCREENSHOT_DIR") or tmp_path)
+    out.mkdir(parents=True, exist_ok=True)
+    demo_world = rich_demo_world
+    vm = demo_world.artist.vms.filter(vgpus__isnull=False).first()
+    ids = {"host": vm.host_id, "gpu": vm.vgpus.first().gpu_id, "vm": vm.pk, "artist": demo_world.artist.pk}
+    signed_in = None
+    for name, who, path in SCREENSHOTS:
+        if who != signed_in:
+            page.context.clear_cookies()
+            if who is not None:
+                sign_in(page, "admin" if who == "admin" else demo_world.artist.user.username)
+            signed_in = who
+        response = page.goto(path.format(**ids))
+        assert response.status == 200, f"{name}: HTTP {response.status}"
+        page.wait_for_load_state("networkidle")
+        for chart in page.locator("[data-state]").all():
+            state = chart.get_attribute("data-state")
+            assert state in ("ready", "empty"), f"{name}: a chart is {state!r}"
+        page.screenshot(path=str(out / f"{name}.png"), full_page=True)
+        assert (out / f"{name}.png").stat().st_size > 10_000

@@ -1,0 +1,168 @@
+/* The heatmap page (/heatmap/, telemetry/views/heatmap.py).
+
+   The server validates the controls and renders the resolved parameters into data-* attributes
+   of #heatmap; this script fetches /api/v1/heatmap/ with them and draws the answer with Plotly,
+   or shows why there is nothing to draw (the <template>s of the page). When done, #heatmap
+   carries data-state="ready" | "empty" | "error" and data-rows / data-columns, which the
+   browser tests read. The controls work without this script; it only hides the custom range
+   inputs unless "Custom" is picked and offers a metric's own statistics. */
+(function () {
+  "use strict";
+
+  const ROW_PX = 20;
+  const MIN_HEIGHT_PX = 300;
+  const FRAME_PX = 110; // the x axis, its labels and the margins around the rows
+  const STEPS = {300: "5 minutes", 600: "10 minutes", 900: "15 minutes", 1800: "30 minutes", 3600: "1 hour"};
+
+  function stepText(seconds) {
+    if (STEPS[seconds]) return STEPS[seconds];
+    if (seconds % 86400 === 0) return seconds === 86400 ? "1 day" : seconds / 86400 + " days";
+    return seconds / 3600 + " hours";
+  }
+
+  function valueText(value, unit) {
+    return value === null || value === undefined ? "no data" : value.toFixed(1) + " " + unit;
+  }
+
+  function setupControls(form) {
+    const range = form.querySelector("#hm-range");
+    const showCustom = () => {
+      for (const box of form.querySelectorAll(".custom-range")) {
+        box.hidden = range.value !== "custom";
+        // Disabled inputs are not submitted: a preset's URL stays short and shareable.
+        box.querySelector("input").disabled = box.hidden;
+      }
+    };
+    range.addEventListener("change", showCustom);
+    showCustom();
+
+    const metric = form.querySelector("#hm-metric");
+    const stat = form.querySelector("#hm-stat");
+    const offerStats = () => {
+      const stats = metric.selectedOptions[0].dataset.stats.split(" ");
+      for (const option of stat.options) option.disabled = !stats.includes(option.value);
+      if (!stats.includes(stat.value)) stat.value = stats[0];
+    };
+    metric.addEventListener("change", offerStats);
+    offerStats();
+  }
+
+  function apiUrl(data) {
+    const query = new URLSearchParams({
+      group: data.group, metric: data.metric, stat: data.stat, start: data.start, end: data.end,
+      sort: data.sort, fold: data.fold,
+    });
+    if (data.host) query.set("host", data.host);
+    return data.apiUrl + "?" + query;
+  }
+
+  function show(chart, state, templateId, message) {
+    chart.replaceChildren(document.getElementById(templateId).content.cloneNode(true));
+    if (message) chart.querySelector("[data-message]").textContent = message;
+    chart.dataset.state = state;
+  }
+
+  /* DRF's errors: {"param": ["message"]} or {"detail": "message"}. */
+  function errorText(body, status) {
+    const parts = Object.entries(body || {}).map(([name, value]) => {
+      const text = Array.isArray(value) ? value.join(" ") : String(value);
+      return name === "detail" ? text : name + ": " + text;
+    });
+    return parts.length ? parts.join(" ") : "The server answered HTTP " + status + ".";
+  }
+
+  /* Lines between hosts when rows are grouped by host (a host row is its own group). */
+  function hostSeparators(body) {
+    const shapes = [];
+    if (body.sort !== "host" || body.group === "host") return shapes;
+    for (let i = 1; i < body.rows.length; i++) {
+      if (body.rows[i].host_id !== body.rows[i - 1].host_id) {
+        shapes.push({
+          type: "line", xref: "paper", x0: 0, x1: 1, yref: "y", y0: i - 0.5, y1: i - 0.5,
+          line: {color: "#ffffff", width: 2},
+        });
+      }
+    }
+    return shapes;
+  }
+
+  function figure(body, data) {
+    const folded = body.fold === "hour_of_week";
+    // One array a row, shared by its cells: hover shows the row's subtitle, peak and mean.
+    const customdata = body.rows.map((row) => {
+      const info = [row.subtitle || "", valueText(row.peak, body.unit), valueText(row.mean, body.unit)];
+      return body.x.map(() => info);
+    });
+    const when = folded ? "%{x} (" + data.tz + ")" : "%{x|%Y-%m-%d %H:%M} UTC";
+    const trace = {
+      type: "heatmap", x: body.x, y: body.y, z: body.z, zmin: body.zmin, zmax: body.zmax,
+      colorscale: "Viridis", hoverongaps: false, customdata: customdata,
+      colorbar: {title: {text: body.unit}},
+      hovertemplate: "<b>%{y}</b><br>%{customdata[0]}<br>" + when + "<br>" +
+        data.metricLabel + " (" + data.statLabel + "): %{z:.1f} " + body.unit +
+        "<br>Row peak %{customdata[1]} · mean %{customdata[2]}<extra></extra>",
+    };
+    const layout = {
+      height: Math.max(MIN_HEIGHT_PX, body.y.length * ROW_PX + FRAME_PX),
+      margin: {l: 10, r: 10, t: 10, b: 60},
+      xaxis: folded
+        ? {type: "category", tickvals: body.x.filter((label, j) => j % 6 === 0), tickangle: -45}
+        : {type: "date", title: {text: "UTC"}},
+      yaxis: {type: "category", autorange: "reversed", automargin: true, tickfont: {size: 11}},
+      shapes: hostSeparators(body),
+    };
+    return {data: [trace], layout: layout};
+  }
+
+  function openCell(body, event) {
+    const point = event.points && event.points[0];
+    if (!point) return;
+    const [i, j] = point.pointNumber; // heatmaps number points [row, column]
+    const row = body.rows[i];
+    if (!row || !row.detail_url) return;
+    const folded = body.fold === "hour_of_week";
+    window.location.assign(folded ? row.detail_url : row.detail_url + "?at=" + encodeURIComponent(body.x[j]));
+  }
+
+  async function draw(chart) {
+    const data = chart.dataset;
+    let response;
+    try {
+      response = await fetch(apiUrl(data), {headers: {Accept: "application/json"}, credentials: "same-origin"});
+    } catch (error) {
+      show(chart, "error", "heatmap-error", "No answer from the server (" + error.message + ").");
+      return;
+    }
+    const body = await response.json().catch(() => null);
+    if (!response.ok || body === null) {
+      show(chart, "error", "heatmap-error", errorText(body, response.status));
+      return;
+    }
+    chart.dataset.rows = body.y.length;
+    chart.dataset.columns = body.x.length;
+    for (const span of document.querySelectorAll("[data-step]")) span.textContent = stepText(body.step);
+    if (body.y.length === 0) {
+      show(chart, "empty", "heatmap-no-rows");
+      return;
+    }
+    if (body.z.every((row) => row.every((value) => value === null))) {
+      show(chart, "empty", "heatmap-no-data");
+      return;
+    }
+    const {data: traces, layout} = figure(body, data);
+    chart.replaceChildren();
+    await window.Plotly.newPlot(chart, traces, layout, {responsive: true, displaylogo: false});
+    chart.on("plotly_click", (event) => openCell(body, event));
+    chart.dataset.state = "ready";
+  }
+
+  document.addEventListener("DOMContentLoaded", () => {
+    const form = document.getElementById("heatmap-controls");
+    if (form) setupControls(form);
+    const chart = document.getElementById("heatmap");
+    // A chart the server already settled (no agents yet) has its state; there is nothing to fetch.
+    if (chart && !chart.dataset.state) {
+      draw(chart).catch((error) => show(chart, "error", "heatmap-error", error.message));
+    }
+  });
+})();

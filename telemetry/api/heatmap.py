@@ -1,0 +1,252 @@
+"""`heatmap/`: the matrices of the heatmap page, GPU × time, VM × time and host × hour of week.
+
+The view parses and validates the query string (every bad parameter is a 400 naming it, all of
+them at once) and hands a `telemetry.heatmap.HeatmapQuery` to `build_heatmap`, which reads the
+rollups. `start` and `end` are parsed and bounded as in `gpus/{id}/metrics/`; the default step
+aims at a few hundred columns (a heatmap cell needs pixels) instead of the metrics API's 720
+points. Scoping is `fleet.queries`': an artist's rows are their own VMs, the GPUs carrying them
+and those hosts; anonymous callers get 401.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
+from rest_framework import serializers
+from rest_framework.exceptions import ValidationError
+from rest_framework.renderers import BrowsableAPIRenderer, JSONRenderer
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from fleet.queries import visible_hosts
+from telemetry.aggregation import bucket_floor
+from telemetry.api.metrics import HOURLY, MAX_RANGE_DAYS, METRICS, STEP_LADDER, parse_step, parse_time
+from telemetry.heatmap import (
+    DEFAULT_COLUMNS,
+    DEFAULT_METRIC,
+    FOLDS,
+    GROUP_METRICS,
+    GROUPS,
+    MAX_COLUMNS,
+    SORTS,
+    STATS,
+    HeatmapQuery,
+    JsonRows,
+    build_heatmap,
+    column_count,
+    default_step,
+)
+
+_GROUP_NOUN = {"gpu": "GPU", "vm": "VM", "host": "host"}
+
+
+def _choice(params, name: str, choices, default: str, errors: dict) -> str:
+    value = params.get(name, "").strip() or default
+    if value not in choices:
+        errors[name] = [f"{value!r} is not a {name}: use {', '.join(choices)}."]
+    return value
+
+
+def parse_heatmap_query(request: Request) -> HeatmapQuery:
+    """The validated query of a heatmap request, or ValidationError with a message per bad
+    parameter (all of them, so a caller fixes everything at once)."""
+    params = request.query_params
+    errors: dict[str, list[str]] = {}
+    group = _choice(params, "group", GROUPS, "gpu", errors)
+    fold = _choice(params, "fold", FOLDS, "none", errors)
+    sort = _choice(params, "sort", SORTS, "host", errors)
+    metric = stat = None
+    if group in GROUPS:
+        metric = _choice(params, "metric", GROUP_METRICS[group], DEFAULT_METRIC[group], errors)
+        if "metric" in errors:
+            errors["metric"] = [f"{metric!r} is not a metric of {_GROUP_NOUN[group]} rows: use "
+                                f"{', '.join(GROUP_METRICS[group])}."]
+        else:
+            stats = METRICS[metric].stats
+            stat = params.get("stat", "").strip() or "avg"
+            if stat not in stats:
+                errors["stat"] = [f"{stat!r} is not a statistic of {metric}: use {', '.join(stats)}."]
+
+    host_id = None
+    host_raw = params.get("host", "").strip()
+    if host_raw:
+        try:
+            host_id = int(host_raw)
+        except ValueError:
+            errors["host"] = [f"{host_raw!r} is not a host id (a whole number)."]
+        else:
+            if not visible_hosts(request.user).filter(pk=host_id).exists():
+                errors["host"] = [f"No host with id {host_id} that you may see."]
+
+    start = end = None
+    for name in ("start", "end"):
+        if not params.get(name, "").strip():
+            errors[name] = ["Required: the range must be bounded (ISO 8601 or Unix seconds)."]
+    try:
+        start = parse_time(params["start"], "start") if "start" not in errors else None
+    except ValidationError as exc:
+        errors.update(exc.detail)
+    try:
+        end = parse_time(params["end"], "end") if "end" not in errors else None
+    except ValidationError as exc:
+        errors.update(exc.detail)
+    step = None
+    if start and end:
+        if end <= start:
+            errors["end"] = ["Must be later than start."]
+        elif end - start > timedelta(days=MAX_RANGE_DAYS):
+            errors["end"] = [f"The range may span at most {MAX_RANGE_DAYS} days."]
+        else:
+            step = _parse_heatmap_step(params.get("step"), fold, start, end, errors)
+    if errors:
+        raise ValidationError(errors)
+    return HeatmapQuery(group=group, metric=metric, stat=stat, fold=fold, sort=sort, host_id=host_id,
+                        start=bucket_floor(start, step), end=end, step=step)
+
+
+def _parse_heatmap_step(raw: str | None, fold: str, start, end, errors: dict) -> int | None:
+    raw = (raw or "").strip()
+    if fold == "hour_of_week":
+        if raw and raw != str(HOURLY):
+            errors["step"] = [f"An hour_of_week fold reads hourly values: leave step out or use {HOURLY}."]
+            return None
+        return HOURLY
+    if not raw:
+        return default_step(start, end)
+    try:
+        step = parse_step(raw, start, end)
+    except ValidationError as exc:
+        errors.update(exc.detail)
+        return None
+    columns = column_count(bucket_floor(start, step), end, step)
+    if columns > MAX_COLUMNS:
+        least = next((s for s in STEP_LADDER if column_count(bucket_floor(start, s), end, s) <= MAX_COLUMNS), None)
+        hint = f"; use a step of at least {least} s or a shorter range" if least else ""
+        errors["step"] = [f"A step of {step} s over this range gives {columns:,} columns, more than "
+                          f"{MAX_COLUMNS:,}{hint}."]
+        return None
+    return step
+
+
+# Schema ------------------------------------------------------------------------------------
+
+
+class HeatmapRowSerializer(serializers.Serializer):
+    id = serializers.IntegerField(help_text="The GPU's, VM's or host's id")
+    label = serializers.CharField(help_text="As in `y`")
+    host_id = serializers.IntegerField(allow_null=True, help_text="Host of the row (null: a VM placed nowhere)")
+    host = serializers.CharField(allow_null=True, help_text="That host's name")
+    detail_url = serializers.CharField(help_text="The row's detail page; add `?at=<x>` to open it at a column")
+    subtitle = serializers.CharField(help_text="GPU: its model; VM: its artist and profiles; host: its GPU count")
+    peak = serializers.FloatField(allow_null=True, help_text="Highest cell of the row (null: no data)")
+    mean = serializers.FloatField(allow_null=True, help_text="Mean of the row's cells that have data")
+
+
+class HeatmapSerializer(serializers.Serializer):
+    group = serializers.ChoiceField(GROUPS)
+    metric = serializers.ChoiceField(list(METRICS))
+    stat = serializers.ChoiceField(STATS)
+    fold = serializers.ChoiceField(FOLDS)
+    sort = serializers.ChoiceField(SORTS)
+    unit = serializers.CharField(help_text='"%", "MiB", "°C", "W" or "MHz"')
+    start = serializers.DateTimeField(help_text="Start of the first bucket: `start` rounded down to the step")
+    end = serializers.DateTimeField(help_text="End of the range as requested (exclusive)")
+    step = serializers.IntegerField(help_text="Seconds per column (3600 for an hour_of_week fold)")
+    source_step = serializers.IntegerField(help_text="Rollups read: 300 (5-minute) or 3600 (hourly)")
+    x = serializers.ListField(child=serializers.CharField(),
+                              help_text='Column labels: bucket starts (ISO 8601, UTC), or "Mon 00:00" ... '
+                                        '"Sun 23:00" for an hour_of_week fold')
+    y = serializers.ListField(child=serializers.CharField(), help_text="Row labels (unique)")
+    ids = serializers.ListField(child=serializers.IntegerField(), help_text="Row ids, aligned with `y`")
+    rows = HeatmapRowSerializer(many=True, help_text="Details of each row, aligned with `y`")
+    z = serializers.ListField(child=serializers.ListField(child=serializers.FloatField(allow_null=True)),
+                              help_text="One list per row, one value per column; null where there is no data")
+    zmin = serializers.FloatField(allow_null=True, help_text="0 for % metrics, else the lowest cell")
+    zmax = serializers.FloatField(allow_null=True, help_text="100 for % metrics, else the highest cell")
+
+
+class HeatmapErrorSerializer(serializers.Serializer):
+    """A 400: messages per parameter."""
+
+    group = serializers.ListField(child=serializers.CharField(), required=False)
+    metric = serializers.ListField(child=serializers.CharField(), required=False)
+    stat = serializers.ListField(child=serializers.CharField(), required=False)
+    fold = serializers.ListField(child=serializers.CharField(), required=False)
+    sort = serializers.ListField(child=serializers.CharField(), required=False)
+    host = serializers.ListField(child=serializers.CharField(), required=False)
+    start = serializers.ListField(child=serializers.CharField(), required=False)
+    end = serializers.ListField(child=serializers.CharField(), required=False)
+    step = serializers.ListField(child=serializers.CharField(), required=False)
+
+
+_PARAMETERS = [
+    OpenApiParameter("group", OpenApiTypes.STR, enum=list(GROUPS),
+                     description="Rows: one per GPU (default), per VM, or per host (its GPUs combined: their "
+                                 "mean for avg, their highest for max and p95)"),
+    OpenApiParameter("metric", OpenApiTypes.STR, enum=list(METRICS),
+                     description="gpu and host: util_gpu (default), util_mem, fb_used_pct, fb_used_mib, enc_util, "
+                                 "dec_util, temp_c, power_w, sm_clock_mhz. vm: fb_used_pct (default: frame buffer "
+                                 "used as % of what the VM's profiles give it), fb_used_mib, util_gpu, util_mem, "
+                                 "enc_util, dec_util"),
+    OpenApiParameter("stat", OpenApiTypes.STR, enum=list(STATS),
+                     description="avg (default), max or p95; one of the metric's statistics"),
+    OpenApiParameter("start", OpenApiTypes.STR, required=True,
+                     description="Start of the range: ISO 8601 (no offset means UTC) or Unix seconds"),
+    OpenApiParameter("end", OpenApiTypes.STR, required=True,
+                     description=f"End of the range (exclusive); at most {MAX_RANGE_DAYS} days after start"),
+    OpenApiParameter("step", OpenApiTypes.INT,
+                     description="Seconds per column: a multiple of 300 below 3600 or of 3600; at most "
+                                 f"{MAX_COLUMNS:,} columns. Default: the smallest of "
+                                 f"{', '.join(map(str, STEP_LADDER))} giving at most {DEFAULT_COLUMNS} columns. "
+                                 "Leave out (or 3600) with fold=hour_of_week"),
+    OpenApiParameter("fold", OpenApiTypes.STR, enum=list(FOLDS),
+                     description="none (default) or hour_of_week: 168 columns, Monday 00:00 to Sunday 23:00 in "
+                                 "the studio's time zone, each the mean of the hourly values of the range at "
+                                 "that hour of the week"),
+    OpenApiParameter("sort", OpenApiTypes.STR, enum=list(SORTS),
+                     description="host (default: grouped by host name, then PCI bus id / VM name), peak (highest "
+                                 "row maximum first) or mean (highest row mean first); rows without data last"),
+    OpenApiParameter("host", OpenApiTypes.INT, description="Only the rows of this host"),
+]
+
+
+class HeatmapRenderer(JSONRenderer):
+    """JSON, with a `z` that PostgreSQL already wrote as JSON text (`JsonRows`) spliced in as
+    it is: rendering 300,000 floats would cost more than reading them."""
+
+    #: Stands for `z` while the rest renders; a string no label can render to (quotes escape).
+    MARK = "\u2063heatmap-z\u2063"
+
+    def render(self, data, accepted_media_type=None, renderer_context=None):
+        z = data.get("z") if isinstance(data, dict) else None
+        if not isinstance(z, JsonRows):
+            return super().render(data, accepted_media_type, renderer_context)
+        text = super().render({**data, "z": self.MARK}, accepted_media_type, renderer_context)
+        mark = super().render(self.MARK)
+        at = text.rindex(mark)
+        return text[:at] + z.json().encode() + text[at + len(mark):]
+
+
+class HeatmapView(APIView):
+    renderer_classes = [HeatmapRenderer, BrowsableAPIRenderer]
+
+    @extend_schema(
+        operation_id="heatmap",
+        summary="Heatmap matrix",
+        description=(
+            "A heatmap in Plotly's shape (`x`, `y`, `z`) with each row's details, read from the rollups "
+            "(5-minute below a step of an hour, else hourly). Every GPU, VM or host in scope is a row, with "
+            "null cells where nothing was collected; VMs are those holding a vGPU now or with data in the "
+            "range. A cell merging several rollups takes their sample-weighted avg, highest max, or highest "
+            "p95 (an upper bound of the true p95). An artist sees their own VMs, the GPUs carrying them and "
+            "those hosts (combining only those GPUs)."
+        ),
+        parameters=_PARAMETERS,
+        responses={200: HeatmapSerializer,
+                   400: OpenApiResponse(HeatmapErrorSerializer, description="A missing or invalid parameter")},
+    )
+    def get(self, request: Request) -> Response:
+        return Response(build_heatmap(request.user, parse_heatmap_query(request)))

@@ -1,0 +1,487 @@
+"""The heatmap matrices behind `/api/v1/heatmap/` and the `/heatmap/` page: one row per GPU, VM
+or host in the caller's scope, one column per time bucket (or per hour of the week), each cell
+one statistic of one metric read from the rollups.
+
+Why it is built this way:
+
+- **Every row in scope is listed**, data or not (a row of nulls), so an idle or silent machine
+  shows as a gap instead of vanishing from the picture. Rows and their labels come from one
+  query per kind (joins, plus one for the VMs' profile names), never one per row.
+- **Cells are aggregated in the database.** A 24 h GPU × time heatmap of a 1,000-GPU fleet is
+  288,000 cells; the column of each rollup is an integer computed in SQL
+  (`floor((epoch(bucket) - epoch(start)) / step)`), and merging several rollups into one cell
+  (a step wider than the rollups) is a GROUP BY, so Python never builds a datetime per cell.
+  The SQL is in the "Values" section below and nowhere else; `_cells_sql` runs on SQLite and
+  PostgreSQL alike.
+- **On PostgreSQL the database writes the JSON.** Turning 288,000 cells into Python floats
+  and back into JSON text cost more than all the rest together (bench/heatmap.py), so there
+  each row's cells come back as one `json_agg` text, in time order, with the row's peak, mean
+  and lowest; Python pads a row with nulls where its data starts late or ends early, and the
+  API splices the texts into its response (`JsonRows`). A row with holes inside its run (a
+  collection outage) is placed cell by cell from its keys, read by one more query.
+- **Merging follows `telemetry.aggregation`**, as the metrics API does: avg is the
+  sample-weighted mean of the rollups' avgs, max the max of their maxes, p95 the max of their
+  p95s (an upper bound). `fb_used_pct` is each rollup's frame buffer used over its capacity (a
+  GPU's reported total, else its model's; a VM's `profile_fb_mib`), then merged the same way.
+- **A host row combines its GPUs** bucket by bucket: the mean of their values for avg, the
+  highest for max and p95 (a host is as hot as its hottest GPU).
+- **Hour of week** folds the hourly values of the range onto 168 columns, Monday 00:00 to
+  Sunday 23:00 in the studio's time zone (settings.TIME_ZONE): the database aggregates per
+  (row, hour), Python maps each hour to its local hour of the week (DST included: a local hour
+  lives where the wall clock says) and takes the mean of each column's hourly values.
+
+Pure of HTTP: the API view parses and validates the query string into a `HeatmapQuery`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections import Counter, defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from zoneinfo import ZoneInfo
+
+from django.conf import settings
+from django.db import connection
+from django.db.models import Count, Exists, IntegerField, OuterRef, Q, QuerySet, Subquery, Value
+from django.db.models.functions import Coalesce
+from django.urls import reverse
+
+from fleet.models import Gpu, GpuModel, Vgpu
+from fleet.queries import is_fleet_admin, visible_gpus, visible_hosts, visible_vms
+from telemetry.aggregation import bucket_floor
+from telemetry.api.metrics import FIVE_MINUTES, GPU_METRICS, HOURLY, METRICS, STEP_LADDER, VM_METRICS
+from telemetry.models import GpuRollup, VmRollup
+
+GROUPS = ("gpu", "vm", "host")
+FOLDS = ("none", "hour_of_week")
+SORTS = ("host", "peak", "mean")
+STATS = ("avg", "max", "p95")
+GROUP_METRICS = {"gpu": GPU_METRICS, "vm": VM_METRICS, "host": GPU_METRICS}
+#: The metric a heatmap shows when none is asked for: for VMs the picture behind right-sizing.
+DEFAULT_METRIC = {"gpu": "util_gpu", "vm": "fb_used_pct", "host": "util_gpu"}
+#: The default step is the smallest of STEP_LADDER giving at most this many columns.
+DEFAULT_COLUMNS = 300
+MAX_COLUMNS = 2000
+HOURS_PER_WEEK = 168
+WEEKDAYS = ("Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun")
+UNITS = {
+    "util_gpu": "%", "util_mem": "%", "fb_used_pct": "%", "enc_util": "%", "dec_util": "%",
+    "fb_used_mib": "MiB", "temp_c": "°C", "power_w": "W", "sm_clock_mhz": "MHz",
+}
+DETAIL_ROUTES = {"gpu": "fleet:gpu-detail", "vm": "fleet:vm-detail", "host": "fleet:host-detail"}
+
+
+@dataclass(frozen=True)
+class HeatmapQuery:
+    """A validated heatmap request. `start` is the first bucket's start (the requested start
+    floored to `step`), `end` the requested end (exclusive)."""
+
+    group: str
+    metric: str
+    stat: str
+    fold: str
+    sort: str
+    host_id: int | None
+    start: datetime
+    end: datetime
+    step: int
+
+    @property
+    def source_step(self) -> int:
+        """The rollups read: hourly for hour-of-week folds and steps of an hour or more."""
+        return HOURLY if self.fold == "hour_of_week" or self.step >= HOURLY else FIVE_MINUTES
+
+    @property
+    def columns(self) -> int:
+        if self.fold == "hour_of_week":
+            return HOURS_PER_WEEK
+        return column_count(self.start, self.end, self.step)
+
+    @property
+    def buckets(self) -> int:
+        """How many `step`-wide buckets the SQL numbers (hours, for a fold)."""
+        return column_count(self.start, self.end, self.step)
+
+
+def column_count(first: datetime, end: datetime, step: int) -> int:
+    """Buckets of `step` seconds from `first` (a bucket start) up to `end` (exclusive)."""
+    return max(0, math.ceil((end - first).total_seconds() / step))
+
+
+def default_step(start: datetime, end: datetime) -> int:
+    """The smallest step of STEP_LADDER giving at most DEFAULT_COLUMNS columns (6 h and 24 h:
+    300 s, 7 d: 3600 s, 30 d: 10800 s)."""
+    for step in STEP_LADDER:
+        if column_count(bucket_floor(start, step), end, step) <= DEFAULT_COLUMNS:
+            return step
+    return STEP_LADDER[-1]
+
+
+def hour_of_week_labels() -> list[str]:
+    """"Mon 00:00" ... "Sun 23:00": the columns of an hour-of-week fold."""
+    return [f"{day} {hour:02d}:00" for day in WEEKDAYS for hour in range(24)]
+
+
+def hour_of_week(moment: datetime, tz: ZoneInfo) -> int:
+    """Column of `moment` in an hour-of-week fold: Monday 00:00-00:59 local time is 0."""
+    local = moment.astimezone(tz)
+    return local.weekday() * 24 + local.hour
+
+
+def fold_hour_of_week(cells: dict[int, dict[int, float]], first: datetime, hours: int, tz: ZoneInfo,
+                      ) -> dict[int, list[float | None]]:
+    """Hourly values `{row: {hour index since first: value}}` folded onto 168 columns: each the
+    mean of the row's values at that local hour of the week (None where it has none)."""
+    columns = [hour_of_week(first + timedelta(hours=i), tz) for i in range(hours)]
+    folded = {}
+    for row, values in cells.items():
+        sums = [0.0] * HOURS_PER_WEEK
+        counts = [0] * HOURS_PER_WEEK
+        for index, value in values.items():
+            column = columns[index]
+            sums[column] += value
+            counts[column] += 1
+        folded[row] = [sums[c] / counts[c] if counts[c] else None for c in range(HOURS_PER_WEEK)]
+    return folded
+
+
+def iso(moment: datetime) -> str:
+    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+# Rows --------------------------------------------------------------------------------------
+
+
+@dataclass
+class Row:
+    """One row of the heatmap and what the page shows around it."""
+
+    id: int
+    label: str
+    host_id: int | None
+    host: str | None
+    subtitle: str
+    #: Order of the `host` sort: host name (rows without a host last), then the row's own name.
+    order: tuple
+
+
+def _url_template(group: str) -> str:
+    """The detail URL with a "{}" for the id: one reverse() per request instead of one per row."""
+    marker = 987654321
+    return reverse(DETAIL_ROUTES[group], args=[marker]).replace(str(marker), "{}")
+
+
+def _host_order(host_name: str | None) -> tuple:
+    return (0, host_name) if host_name is not None else (1, "")
+
+
+def _gpu_rows(user, host_id: int | None) -> tuple[list[Row], QuerySet]:
+    gpus = visible_gpus(user)
+    if host_id is not None:
+        gpus = gpus.filter(host_id=host_id)
+    rows = [
+        Row(id=pk, label=f"{host} · {bus}", host_id=host_pk, host=host, subtitle=model,
+            order=(_host_order(host), bus, pk))
+        for pk, bus, host_pk, host, model in gpus.values_list(
+            "pk", "pci_bus_id", "host_id", "host__name", "gpu_model__name")
+    ]
+    return rows, gpus
+
+
+def _vm_rows(user, query: HeatmapQuery) -> tuple[list[Row], QuerySet]:
+    """VMs holding a vGPU now or with rollups in the range (a VM whose vGPUs were removed still
+    shows its history), with their artist and profiles: two queries."""
+    vms = visible_vms(user)
+    if query.host_id is not None:
+        vms = vms.filter(host_id=query.host_id)
+    with_rollups = VmRollup.objects.filter(vm=OuterRef("pk"), step_s=query.source_step, bucket__gte=query.start,
+                                           bucket__lt=query.end)
+    listed = vms.filter(Q(Exists(Vgpu.objects.filter(vm=OuterRef("pk")))) | Q(Exists(with_rollups)))
+    profiles: dict[int, Counter] = defaultdict(Counter)
+    for vm_id, name in Vgpu.objects.filter(vm__in=listed.values("pk")).values_list("vm_id", "profile__name"):
+        profiles[vm_id][name] += 1
+    rows = []
+    for pk, name, host_pk, host, artist in listed.values_list("pk", "name", "host_id", "host__name", "artist__name"):
+        held = " + ".join(f"{p} ×{n}" if n > 1 else p for p, n in sorted(profiles[pk].items())) or "no vGPU now"
+        rows.append(Row(id=pk, label=name, host_id=host_pk, host=host, subtitle=f"{artist or 'no artist'} · {held}",
+                        order=(_host_order(host), name, pk)))
+    return rows, vms
+
+
+def _host_rows(user, host_id: int | None) -> tuple[list[Row], QuerySet]:
+    """Hosts in scope with how many of their GPUs the row combines (those the user may see)."""
+    hosts = visible_hosts(user)
+    gpus = visible_gpus(user)
+    if host_id is not None:
+        hosts = hosts.filter(pk=host_id)
+        gpus = gpus.filter(host_id=host_id)
+    counts = gpus.filter(host=OuterRef("pk")).order_by().values("host").annotate(n=Count("pk")).values("n")
+    hosts = hosts.annotate(gpu_count=Coalesce(Subquery(counts, output_field=IntegerField()), Value(0)))
+    rows = [
+        Row(id=pk, label=name, host_id=pk, host=name,
+            subtitle=f"{count} GPU" if count == 1 else f"{count or 'no'} GPUs", order=(_host_order(name), pk))
+        for pk, name, count in hosts.values_list("pk", "name", "gpu_count")
+    ]
+    return rows, gpus
+
+
+# Values ------------------------------------------------------------------------------------
+
+
+def _bucket_index_sql(column: str) -> str:
+    """`(epoch(column) - %s) / %s` rounded down, as the database spells it: the index of the
+    bucket holding `column` given the first bucket's Unix seconds and the step."""
+    if connection.vendor == "postgresql":
+        return f"CAST(floor((date_part('epoch', {column}) - %s) / %s) AS INTEGER)"
+    # SQLite keeps UTC text; integers on both sides and never negative, so integer division
+    # is the floor. '%%' is a literal '%' once the parameters are bound.
+    return f"((CAST(strftime('%%s', {column}) AS INTEGER) - %s) / %s)"
+
+
+def _merged(query: HeatmapQuery) -> bool:
+    """Whether a cell merges several rollups (a step wider than the rollups read)."""
+    return query.step != query.source_step
+
+
+def _cells_sql(query: HeatmapQuery, scope: QuerySet | None, key: str = "index", only: list[int] | None = None,
+               ) -> tuple[str, list]:
+    """The SQL of a heatmap's cells, `SELECT row_id, k, value`: one row per heatmap row and
+    `query.step` bucket holding rollups. `k` is the bucket's index since `query.start` (`key`
+    "index") or, where a cell is one rollup, the rollup's own `bucket` ("bucket"). `scope`
+    restricts the entities read (None: all of them); `only` lists the row ids to read
+    (PostgreSQL)."""
+    metric = METRICS[query.metric]
+    merged = _merged(query)
+    if key != "index" and merged:
+        raise ValueError("merged cells are keyed by their index")
+    if query.group == "vm":
+        model, entity, capacity, join = VmRollup, "vm_id", "r.profile_fb_mib", ""
+    else:
+        model, entity, capacity = GpuRollup, "gpu_id", "COALESCE(r.fb_total_mib, m.fb_mib)"
+        join = (f" JOIN {Gpu._meta.db_table} g ON g.id = r.gpu_id"
+                f" JOIN {GpuModel._meta.db_table} m ON m.id = g.gpu_model_id") if metric.percent_of_capacity else ""
+    value = f"r.{metric.column(query.stat)}"
+    if metric.percent_of_capacity:
+        value = f"{value} * 100.0 / NULLIF({capacity}, 0)"
+    if not merged:
+        cell = value  # one rollup a cell: its own figure (a rollup has at least one sample)
+    elif query.stat == "avg":
+        # Sample-weighted mean of the rollups' means; rollups without the reading don't count.
+        cell = f"SUM({value} * r.samples) / NULLIF(SUM(CASE WHEN {value} IS NOT NULL THEN r.samples ELSE 0 END), 0)"
+    else:
+        cell = f"MAX({value})"  # max of the maxes; max of the p95s, an upper bound of the p95
+    params: list = []
+    if key == "index":
+        k = _bucket_index_sql("r.bucket")
+        params += [int(query.start.timestamp()), query.step]
+    else:
+        k = "r.bucket"
+    adapt = connection.ops.adapt_datetimefield_value
+    sql = (f"SELECT r.{entity} AS row_id, {k} AS k, {cell} AS value FROM {model._meta.db_table} r{join}"
+           f" WHERE r.step_s = %s AND r.bucket >= %s AND r.bucket < %s")
+    params += [query.source_step, adapt(query.start), adapt(query.end)]
+    if scope is not None:
+        scope_sql, scope_params = scope.values("pk").query.sql_with_params()
+        sql += f" AND r.{entity} IN ({scope_sql})"
+        params += list(scope_params)
+    if only is not None:
+        sql += (f" AND r.gpu_id IN (SELECT only_gpu.id FROM {Gpu._meta.db_table} only_gpu"
+                f" WHERE only_gpu.host_id = ANY(%s))") if query.group == "host" else f" AND r.{entity} = ANY(%s)"
+        params.append(only)
+    if merged:
+        sql += " GROUP BY 1, 2"
+    if query.group == "host":
+        # Each host's GPUs, bucket by bucket: their mean for avg, their highest for max and p95.
+        combine = "AVG" if query.stat == "avg" else "MAX"
+        sql = (f"SELECT h.host_id AS row_id, t.k AS k, {combine}(t.value) AS value"
+               f" FROM ({sql}) t JOIN {Gpu._meta.db_table} h ON h.id = t.row_id GROUP BY 1, 2")
+    return sql, params
+
+
+def _cells(query: HeatmapQuery, scope: QuerySet | None) -> dict[int, dict[int, float]]:
+    """`{row id: {bucket index: value}}` of the cells that have data."""
+    sql, params = _cells_sql(query, scope)
+    cells: dict[int, dict[int, float]] = defaultdict(dict)
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        for row_id, index, value in cursor.fetchall():
+            if value is not None:
+                cells[row_id][index] = value
+    return cells
+
+
+def _json_rows_sql(query: HeatmapQuery, scope: QuerySet | None) -> tuple[str, list]:
+    """PostgreSQL: one row per heatmap row with data, `(row_id, first key, last key, number of
+    cells, peak, mean, lowest, the cells as JSON text in time order)`."""
+    cells_sql, params = _cells_sql(query, scope, "index" if _merged(query) else "bucket")
+    sql = (f"SELECT c.row_id, MIN(c.k), MAX(c.k), COUNT(*), MAX(c.value), AVG(c.value), MIN(c.value),"
+           f" json_agg(c.value ORDER BY c.k)::text FROM ({cells_sql}) c GROUP BY c.row_id")
+    return sql, params
+
+
+def _keys(query: HeatmapQuery, scope: QuerySet | None, row_ids: list[int]) -> dict[int, list]:
+    """PostgreSQL: the keys of the cells of rows with holes, in time order."""
+    cells_sql, params = _cells_sql(query, scope, "index" if _merged(query) else "bucket", only=row_ids)
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT c.row_id, array_agg(c.k ORDER BY c.k) FROM ({cells_sql}) c GROUP BY c.row_id", params)
+        return dict(cursor.fetchall())
+
+
+class JsonRows(Sequence):
+    """The rows of `z` as JSON text, as PostgreSQL wrote them. The API splices the text into its
+    response (`telemetry.api.heatmap.HeatmapRenderer`) instead of turning some 300,000 floats
+    into Python objects and back to text; any other reader gets a sequence of lists."""
+
+    def __init__(self, texts: list[str]):
+        self.texts = texts
+
+    def __len__(self) -> int:
+        return len(self.texts)
+
+    def __getitem__(self, index):
+        if isinstance(index, slice):
+            return [json.loads(text) for text in self.texts[index]]
+        return json.loads(self.texts[index])
+
+    def tolist(self) -> list[list[float | None]]:
+        return [json.loads(text) for text in self.texts]
+
+    def json(self) -> str:
+        return "[" + ",".join(self.texts) + "]"
+
+
+@dataclass
+class Line:
+    """One row's cells (a list, or JSON text from PostgreSQL) and its figures."""
+
+    cells: list | str
+    peak: float | None = None
+    mean: float | None = None
+    low: float | None = None
+
+    @classmethod
+    def of(cls, cells: list) -> Line:
+        present = [v for v in cells if v is not None]
+        if not present:
+            return cls(cells)
+        return cls(cells, max(present), math.fsum(present) / len(present), min(present))
+
+
+def _json_lines(query: HeatmapQuery, scope: QuerySet | None) -> dict[int, Line]:
+    """PostgreSQL: each row with data as JSON text padded with nulls to every column. Python
+    never holds the cells of a row without holes; the keys of those with holes (rare: a
+    collection outage) take one more query."""
+    columns = query.columns
+    start_s, step = query.start.timestamp(), query.step
+
+    def index(key) -> int:
+        return key if isinstance(key, int) else int((key.timestamp() - start_s) // step)
+
+    sql, params = _json_rows_sql(query, scope)
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        found = cursor.fetchall()
+    lines, holed = {}, {}
+    for row_id, first, last, count, peak, mean, low, text in found:
+        first, last = index(first), index(last)
+        if last - first + 1 == count:
+            text = f"[{'null, ' * first}{text[1:-1]}{', null' * (columns - 1 - last)}]"
+            lines[row_id] = Line(text, peak, mean, low)
+        else:
+            holed[row_id] = Line(text, peak, mean, low)
+    if holed:
+        for row_id, keys in _keys(query, scope, list(holed)).items():
+            line = holed[row_id]
+            dense = [None] * columns
+            for key, value in zip(keys, json.loads(line.cells), strict=True):
+                dense[index(key)] = value
+            lines[row_id] = Line(json.dumps(dense), line.peak, line.mean, line.low)
+    return lines
+
+
+# The heatmap -------------------------------------------------------------------------------
+
+
+def _lines(query: HeatmapQuery, rows: list[Row], scope: QuerySet | None) -> list[Line]:
+    """Each row's cells and figures, aligned with `rows`."""
+    if query.fold == "hour_of_week":
+        cells = _cells(query, scope)
+        folded = fold_hour_of_week(cells, query.start, query.buckets, ZoneInfo(settings.TIME_ZONE))
+        return [Line.of(folded.get(row.id) or [None] * HOURS_PER_WEEK) for row in rows]
+    if connection.vendor == "postgresql":
+        lines = _json_lines(query, scope)
+        empty = Line("[" + ", ".join(["null"] * query.columns) + "]")
+        return [lines.get(row.id, empty) for row in rows]
+    cells = _cells(query, scope)
+    dense = []
+    for row in rows:
+        line = [None] * query.columns
+        for index, value in cells.get(row.id, {}).items():
+            line[index] = value
+        dense.append(Line.of(line))
+    return dense
+
+
+def _sorted(rows: list[Row], lines: list[Line], sort: str) -> list[tuple[Row, Line]]:
+    """Rows with their lines in the order asked for. Rows without any data go last in the peak
+    and mean sorts; ties keep the host order."""
+    entries = sorted(zip(rows, lines, strict=True), key=lambda entry: entry[0].order)
+    if sort in ("peak", "mean"):
+        def figure(entry):
+            value = entry[1].peak if sort == "peak" else entry[1].mean
+            return (value is None, -(value or 0.0))
+
+        entries.sort(key=figure)
+    return entries
+
+
+def build_heatmap(user, query: HeatmapQuery) -> dict:
+    """The response of `/api/v1/heatmap/` for `user` (scoped by `fleet.queries`): Plotly's
+    heatmap shape (x, y, z) plus each row's id, host, detail URL, subtitle, peak and mean. On
+    PostgreSQL `z` is a `JsonRows` (lists of floats elsewhere)."""
+    if query.group == "gpu":
+        rows, scope = _gpu_rows(user, query.host_id)
+    elif query.group == "vm":
+        rows, scope = _vm_rows(user, query)
+    else:
+        rows, scope = _host_rows(user, query.host_id)
+    # Staff over the whole fleet read every rollup: no IN (subquery) to plan around.
+    whole_fleet = query.host_id is None and is_fleet_admin(user)
+    if scope.query.is_empty() or not rows:
+        lines = [Line.of([None] * query.columns) for _ in rows]
+    else:
+        lines = _lines(query, rows, None if whole_fleet else scope)
+
+    if query.fold == "hour_of_week":
+        x = hour_of_week_labels()
+    else:
+        step = timedelta(seconds=query.step)
+        x = [iso(query.start + i * step) for i in range(query.columns)]
+    entries = _sorted(rows, lines, query.sort)
+    cells = [line.cells for _, line in entries]
+    url = _url_template(query.group)
+    unit = UNITS[query.metric]
+    if unit == "%":
+        zmin, zmax = 0, 100
+    else:
+        with_data = [line for _, line in entries if line.peak is not None]
+        zmin = min((line.low for line in with_data), default=None)
+        zmax = max((line.peak for line in with_data), default=None)
+    return {
+        "group": query.group, "metric": query.metric, "stat": query.stat, "fold": query.fold, "sort": query.sort,
+        "unit": unit, "start": iso(query.start), "end": iso(query.end), "step": query.step,
+        "source_step": query.source_step,
+        "x": x,
+        "y": [row.label for row, _ in entries],
+        "ids": [row.id for row, _ in entries],
+        "rows": [
+            {"id": row.id, "label": row.label, "host_id": row.host_id, "host": row.host,
+             "detail_url": url.format(row.id), "subtitle": row.subtitle, "peak": line.peak, "mean": line.mean}
+            for row, line in entries
+        ],
+        "z": JsonRows(cells) if cells and isinstance(cells[0], str) else cells,
+        "zmin": zmin, "zmax": zmax,
+    }

@@ -1,0 +1,426 @@
+"""`heatmap/`: one row per GPU, VM or host in scope (silent ones as nulls), cells merged from the
+rollups as the metrics API merges them, host rows combining their GPUs, the sorts, the
+hour-of-week fold in the studio's time zone, role scoping, a 400 naming each bad parameter,
+and a query count that does not grow with the fleet."""
+
+import re
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from fleet import services
+from fleet.tests.factories import GpuFactory, HostFactory, VirtualMachineFactory, gpu_model, profile
+from telemetry.models import GpuRollup, VmRollup
+from telemetry.rollups import build_rollups
+from telemetry.tests.rollup_world import L40S, T0, at, gpu_samples, studio
+
+URL = "/api/v1/heatmap/"
+L40S_FB_MIB = 49152.0
+Q12_FB_MIB = 12288.0
+
+
+@pytest.fixture
+def world(artist):
+    """The studio (render-01: gpu_1, gpu_2; render-02: gpu_idle), `ws-ana` owned by the signed-in
+    artist of `artist_api`."""
+    return studio(artist=artist)
+
+
+def gpu_rollups(gpu, values, start=T0, step_s=300, **fields):
+    """Rollups of `gpu` from (samples, avg, max, p95) of util_gpu, one a `step_s` from `start`;
+    frame buffer used is 100x the utilization figures."""
+    GpuRollup.objects.bulk_create(
+        GpuRollup(gpu=gpu, step_s=step_s, bucket=start + timedelta(seconds=step_s * i), samples=n,
+                  util_gpu_avg=avg, util_gpu_max=mx, util_gpu_p95=p95,
+                  fb_used_mib_avg=avg * 100, fb_used_mib_max=mx * 100, fb_used_mib_p95=p95 * 100, **fields)
+        for i, (n, avg, mx, p95) in enumerate(values)
+    )
+
+
+def vm_rollups(vm, fb_used_mib: list[float], profile_fb_mib=Q12_FB_MIB * 2, start=T0, step_s=300):
+    VmRollup.objects.bulk_create(
+        VmRollup(vm=vm, step_s=step_s, bucket=start + timedelta(seconds=step_s * i), samples=30,
+                 fb_used_mib_avg=fb, fb_used_mib_max=fb, fb_used_mib_p95=fb, util_gpu_avg=10.0,
+                 profile_fb_mib=profile_fb_mib)
+        for i, fb in enumerate(fb_used_mib)
+    )
+
+
+def heatmap(client, start=T0, end=None, **params):
+    response = client.get(URL, {"start": start.isoformat(), "end": (end or start + timedelta(hours=1)).isoformat(),
+                                **params})
+    assert response.status_code == 200, response.content
+    return response.json()
+
+
+def by_label(body) -> dict[str, list]:
+    return dict(zip(body["y"], body["z"], strict=True))
+
+
+# Shape -------------------------------------------------------------------------------------
+
+
+def test_gpu_by_time_lists_every_gpu_with_silent_ones_as_nulls(admin_api, world):
+    gpu_rollups(world.gpu_1, [(30, 10.0, 20.0, 19.0), (30, 30.0, 40.0, 39.0)])
+
+    body = heatmap(admin_api)
+
+    assert {k: body[k] for k in ("group", "metric", "stat", "fold", "sort", "unit", "start", "end", "step",
+                                 "source_step", "zmin", "zmax")} == {
+        "group": "gpu", "metric": "util_gpu", "stat": "avg", "fold": "none", "sort": "host", "unit": "%",
+        "start": "2026-03-02T10:00:00Z", "end": "2026-03-02T11:00:00Z", "step": 300, "source_step": 300,
+        "zmin": 0, "zmax": 100,
+    }
+    assert body["x"] == [f"2026-03-02T10:{m:02d}:00Z" for m in range(0, 60, 5)]
+    assert body["y"] == ["render-01 · 00000000:3B:00.0", "render-01 · 00000000:5E:00.0",
+                         "render-02 · 00000000:3B:00.0"]
+    assert body["ids"] == [world.gpu_1.pk, world.gpu_2.pk, world.gpu_idle.pk]
+    assert [row["label"] for row in body["rows"]] == body["y"]
+    assert [row["id"] for row in body["rows"]] == body["ids"]
+    assert body["rows"][0] == {
+        "id": world.gpu_1.pk, "label": "render-01 · 00000000:3B:00.0", "host_id": world.host.pk, "host": "render-01",
+        "detail_url": f"/gpus/{world.gpu_1.pk}/", "subtitle": L40S, "peak": 30.0, "mean": 20.0,
+    }
+    assert body["z"][0] == [10.0, 30.0] + [None] * 10
+    # Silent GPUs are rows too: the picture shows them idle instead of hiding them.
+    assert body["z"][1] == body["z"][2] == [None] * 12
+    assert body["rows"][2]["peak"] is None
+    assert body["rows"][2]["mean"] is None
+
+
+@pytest.mark.parametrize(("span", "step", "columns", "expected_step", "source_step"), [
+    (timedelta(hours=6), None, 72, 300, 300),
+    (timedelta(hours=24), None, 288, 300, 300),
+    (timedelta(days=7), None, 168, 3600, 3600),
+    (timedelta(days=30), None, 240, 10800, 3600),
+    (timedelta(hours=1), "900", 4, 900, 300),
+    (timedelta(days=2), "7200", 24, 7200, 3600),
+])
+def test_columns_per_range_and_step(admin_api, world, span, step, columns, expected_step, source_step):
+    params = {"step": step} if step else {}
+    midnight = T0.replace(hour=0)  # a bucket start of every step
+
+    body = heatmap(admin_api, start=midnight, end=midnight + span, **params)
+
+    assert (len(body["x"]), body["step"], body["source_step"]) == (columns, expected_step, source_step)
+    assert all(len(line) == columns for line in body["z"])
+    assert len(body["z"]) == len(body["y"]) == len(body["ids"]) == len(body["rows"]) == 3
+
+
+def test_start_is_floored_to_the_step_and_end_kept(admin_api, world):
+    gpu_rollups(world.gpu_1, [(30, 10.0, 20.0, 19.0)])
+
+    body = heatmap(admin_api, start=at(130), end=at(1800), step=900)
+
+    assert body["start"] == "2026-03-02T10:00:00Z"
+    assert body["end"] == "2026-03-02T10:30:00Z"
+    assert body["x"] == ["2026-03-02T10:00:00Z", "2026-03-02T10:15:00Z"]
+    assert body["z"][0] == [10.0, None]
+
+
+# Values ------------------------------------------------------------------------------------
+
+
+def test_gaps_inside_a_row_stay_null_at_their_place(admin_api, world, django_assert_max_num_queries):
+    gpu_rollups(world.gpu_1, [(30, 10.0, 10.0, 10.0), (30, 20.0, 20.0, 20.0)], start=at(300))
+    gpu_rollups(world.gpu_1, [(30, 40.0, 40.0, 40.0)], start=at(1200))  # 10:10 and 10:15 missing
+    gpu_rollups(world.gpu_2, [(30, 50.0, 50.0, 50.0)], start=at(900))
+
+    # One more query on PostgreSQL, only when a row has gaps: where its cells go.
+    with django_assert_max_num_queries(3):
+        gpus = by_label(heatmap(admin_api, end=at(1800)))
+    merged = by_label(heatmap(admin_api, end=at(1800), step=600))
+    hosts = heatmap(admin_api, end=at(1800), group="host", stat="max")
+
+    assert gpus["render-01 · 00000000:3B:00.0"] == [None, 10.0, 20.0, None, 40.0, None]
+    assert gpus["render-01 · 00000000:5E:00.0"] == [None, None, None, 50.0, None, None]
+    assert merged["render-01 · 00000000:3B:00.0"] == [10.0, 20.0, 40.0]
+    assert hosts["z"][0] == [None, 10.0, 20.0, 50.0, 40.0, None]
+
+
+def test_the_browsable_api_shows_the_same_matrix(admin_api, world):
+    gpu_rollups(world.gpu_1, [(30, 10.5, 20.0, 19.0)])
+
+    response = admin_api.get(URL, {"start": T0.isoformat(), "end": at(600).isoformat()}, HTTP_ACCEPT="text/html")
+
+    assert response.status_code == 200
+    page = re.sub(r"\s", "", response.content.decode())
+    assert "render-01·00000000:3B:00.0" in page
+    assert "&quot;z&quot;:[[10.5,null],[null,null],[null,null]]" in page
+
+
+def test_wider_step_merges_rollups_weighting_by_samples(admin_api, world):
+    gpu_rollups(world.gpu_1, [(10, 10.0, 20.0, 15.0), (30, 50.0, 90.0, 70.0), (20, 40.0, 45.0, 44.0),
+                              (30, 5.0, 6.0, 6.0)])
+
+    def cells(stat):
+        return by_label(heatmap(admin_api, end=at(1800), step=900, stat=stat))["render-01 · 00000000:3B:00.0"]
+
+    assert cells("avg") == [pytest.approx((10 * 10 + 30 * 50 + 20 * 40) / 60), pytest.approx((30 * 5) / 30)]
+    assert cells("max") == [90.0, 6.0]
+    assert cells("p95") == [70.0, 6.0]  # the highest p95: an upper bound, as in the metrics API
+
+
+def test_a_rollup_without_the_reading_does_not_dilute_the_mean(admin_api, world):
+    gpu_rollups(world.gpu_1, [(10, 10.0, 20.0, 15.0)])
+    GpuRollup.objects.create(gpu=world.gpu_1, step_s=300, bucket=at(300), samples=50)  # util_gpu not reported
+
+    cells = by_label(heatmap(admin_api, end=at(600), step=600))["render-01 · 00000000:3B:00.0"]
+
+    assert cells == [10.0]
+
+
+def test_hourly_steps_read_hourly_rollups(admin_api, world):
+    gpu_rollups(world.gpu_1, [(360, 40.0, 80.0, 70.0)], step_s=3600)
+    gpu_rollups(world.gpu_1, [(30, 99.0, 99.0, 99.0)], step_s=300)  # not read at an hourly step
+
+    body = heatmap(admin_api, end=at(7200), step=3600)
+
+    assert body["source_step"] == 3600
+    assert body["z"][0] == [40.0, None]
+
+
+def test_fb_used_pct_of_a_gpu_is_of_its_reported_total_else_of_its_model(admin_api, world):
+    gpu_rollups(world.gpu_1, [(30, 123.0, 200.0, 150.0)], fb_total_mib=24600.0)  # 12,300 MiB used
+    gpu_rollups(world.gpu_2, [(30, 123.0, 200.0, 150.0)])  # no total reported: the L40S's 48 GiB
+
+    rows = by_label(heatmap(admin_api, end=at(300), metric="fb_used_pct"))
+    maxes = by_label(heatmap(admin_api, end=at(300), metric="fb_used_pct", stat="max"))
+
+    assert rows["render-01 · 00000000:3B:00.0"] == [pytest.approx(50.0)]
+    assert rows["render-01 · 00000000:5E:00.0"] == [pytest.approx(12300 * 100 / L40S_FB_MIB)]
+    assert maxes["render-01 · 00000000:3B:00.0"] == [pytest.approx(20000 * 100 / 24600)]
+
+
+def test_fb_used_mib_scale_is_the_data_range(admin_api, world):
+    gpu_rollups(world.gpu_1, [(30, 10.0, 20.0, 19.0), (30, 30.0, 40.0, 39.0)])
+
+    body = heatmap(admin_api, metric="fb_used_mib")
+    empty = heatmap(admin_api, start=T0 - timedelta(days=1), metric="temp_c")
+
+    assert (body["unit"], body["zmin"], body["zmax"]) == ("MiB", 1000.0, 3000.0)
+    assert (empty["unit"], empty["zmin"], empty["zmax"]) == ("°C", None, None)
+
+
+def test_vm_by_time_is_frame_buffer_as_share_of_the_profiles(admin_api, world):
+    vm_rollups(world.vm_ana, [6144.0, 12288.0, 24576.0])  # ws-ana holds two L40S-12Q: 24 GiB
+    vm_rollups(world.vm_bob, [3072.0], profile_fb_mib=Q12_FB_MIB)
+    gone = VirtualMachineFactory(name="ws-gone")  # no vGPU now, but data in the range: listed
+    vm_rollups(gone, [1024.0], profile_fb_mib=4096.0)
+    VirtualMachineFactory(name="ws-never")  # no vGPU and no data: not a heatmap row
+
+    body = heatmap(admin_api, end=at(900), group="vm")
+
+    assert body["metric"] == "fb_used_pct"
+    assert body["y"] == ["ws-ana", "ws-bob", "ws-gone"]  # render-01's VMs, then the one placed nowhere
+    assert body["z"] == [[25.0, 50.0, 100.0], [25.0, None, None], [25.0, None, None]]
+    ana = body["rows"][0]
+    assert ana["subtitle"] == "Ana Artist · L40S-12Q ×2"
+    assert ana["detail_url"] == f"/vms/{world.vm_ana.pk}/"
+    assert (ana["host"], ana["host_id"]) == ("render-01", world.host.pk)
+    assert body["rows"][2]["subtitle"].endswith("no vGPU now")
+    assert body["rows"][2]["host"] is None
+
+
+def test_host_rows_combine_their_gpus_mean_for_avg_and_highest_for_max(admin_api, world):
+    gpu_rollups(world.gpu_1, [(30, 20.0, 50.0, 45.0), (30, 10.0, 10.0, 10.0)])
+    gpu_rollups(world.gpu_2, [(10, 60.0, 70.0, 65.0)])
+
+    avg = heatmap(admin_api, end=at(600), group="host")
+    peak = heatmap(admin_api, end=at(600), group="host", stat="max")
+
+    assert avg["y"] == ["render-01", "render-02"]
+    assert avg["z"] == [[40.0, 10.0], [None, None]]  # the mean of the GPUs, not weighted by samples
+    assert peak["z"] == [[70.0, 10.0], [None, None]]
+    assert [row["subtitle"] for row in avg["rows"]] == ["2 GPUs", "1 GPU"]
+    assert avg["rows"][0]["detail_url"] == f"/hosts/{world.host.pk}/"
+
+
+# Sorting -----------------------------------------------------------------------------------
+
+
+def test_sorts_by_host_peak_and_mean_with_rows_without_data_last(admin_api, world):
+    other = GpuFactory(host=HostFactory(name="render-00"), gpu_model=gpu_model(L40S), pci_bus_id="00000000:01:00.0")
+    gpu_rollups(world.gpu_1, [(30, 10.0, 20.0, 19.0), (30, 90.0, 95.0, 94.0)])  # peak 90, mean 50
+    gpu_rollups(world.gpu_2, [(30, 60.0, 70.0, 69.0), (30, 60.0, 70.0, 69.0)])  # peak 60, mean 60
+    gpu_rollups(other, [(30, 5.0, 5.0, 5.0)])  # peak 5, mean 5
+
+    def order(sort):
+        return heatmap(admin_api, sort=sort)["ids"]
+
+    assert order("host") == [other.pk, world.gpu_1.pk, world.gpu_2.pk, world.gpu_idle.pk]
+    assert order("peak") == [world.gpu_1.pk, world.gpu_2.pk, other.pk, world.gpu_idle.pk]
+    assert order("mean") == [world.gpu_2.pk, world.gpu_1.pk, other.pk, world.gpu_idle.pk]
+    body = heatmap(admin_api, sort="peak")
+    assert body["y"][0] == "render-01 · 00000000:3B:00.0"
+    assert body["z"][0][:2] == [10.0, 90.0]  # cells travel with their row
+
+
+# Hour of week ------------------------------------------------------------------------------
+
+
+def test_hour_of_week_folds_in_the_studio_time_zone(admin_api, world, settings):
+    """Monday 10:00 in Paris is 09:00 UTC in winter and 08:00 UTC after the clocks go forward
+    (2026-03-29): both land in "Mon 10:00", which shows their mean."""
+    settings.TIME_ZONE = "Europe/Paris"
+    winter = datetime(2026, 3, 2, 9, 0, tzinfo=UTC)
+    summer = datetime(2026, 3, 30, 8, 0, tzinfo=UTC)
+    gpu_samples(world.gpu_1, winter, 6, every_s=600, util_gpu=20.0)
+    gpu_samples(world.gpu_1, summer, 6, every_s=600, util_gpu=60.0)
+    build_rollups(3600, now=summer + timedelta(hours=2), max_buckets=10_000, late_s=0)
+
+    body = heatmap(admin_api, start=datetime(2026, 3, 1, tzinfo=UTC), end=datetime(2026, 4, 1, tzinfo=UTC),
+                   fold="hour_of_week")
+
+    assert (body["fold"], body["step"], body["source_step"]) == ("hour_of_week", 3600, 3600)
+    assert len(body["x"]) == 168
+    assert (body["x"][0], body["x"][10], body["x"][-1]) == ("Mon 00:00", "Mon 10:00", "Sun 23:00")
+    cells = by_label(body)["render-01 · 00000000:3B:00.0"]
+    assert cells[10] == pytest.approx(40.0)
+    assert [i for i, value in enumerate(cells) if value is not None] == [10]
+    assert body["rows"][0]["peak"] == pytest.approx(40.0)
+
+
+def test_hour_of_week_of_hosts(admin_api, world):
+    gpu_rollups(world.gpu_1, [(360, 20.0, 30.0, 30.0)], step_s=3600)  # Monday 10:00 UTC
+    gpu_rollups(world.gpu_2, [(360, 40.0, 90.0, 80.0)], step_s=3600)
+
+    body = heatmap(admin_api, end=T0 + timedelta(days=7), group="host", fold="hour_of_week", stat="max")
+
+    assert body["y"] == ["render-01", "render-02"]
+    assert body["z"][0][10] == 90.0
+    assert body["z"][1] == [None] * 168
+
+
+# Scoping -----------------------------------------------------------------------------------
+
+
+def test_artist_sees_own_vms_the_gpus_carrying_them_and_those_hosts(artist_api, world):
+    gpu_rollups(world.gpu_1, [(30, 20.0, 50.0, 45.0)])
+    gpu_rollups(world.gpu_idle, [(30, 99.0, 99.0, 99.0)])
+    vm_rollups(world.vm_bob, [1024.0])
+
+    assert heatmap(artist_api, group="vm")["y"] == ["ws-ana"]
+    assert heatmap(artist_api)["ids"] == [world.gpu_1.pk, world.gpu_2.pk]
+    hosts = heatmap(artist_api, group="host")
+    assert hosts["y"] == ["render-01"]
+    assert hosts["z"][0][0] == 20.0
+    response = artist_api.get(URL, {"start": T0.isoformat(), "end": at(3600).isoformat(),
+                                    "host": world.gpu_idle.host_id})
+    assert response.status_code == 400
+    assert "host" in response.json()
+
+
+def test_artist_host_rows_combine_only_the_gpus_they_may_see(artist_api, world):
+    hidden = GpuFactory(host=world.host, gpu_model=gpu_model(L40S), pci_bus_id="00000000:86:00.0")
+    gpu_rollups(world.gpu_1, [(30, 20.0, 20.0, 20.0)])
+    gpu_rollups(hidden, [(30, 80.0, 80.0, 80.0)])
+
+    body = heatmap(artist_api, group="host")
+
+    assert body["z"][0][0] == 20.0
+    assert body["rows"][0]["subtitle"] == "2 GPUs"
+
+
+def test_anonymous_gets_401(api, world):
+    assert api.get(URL, {"start": T0.isoformat(), "end": at(3600).isoformat()}).status_code == 401
+
+
+# Bad input ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("params", "field", "words"), [
+    ({"group": "rack"}, "group", "gpu, vm, host"),
+    ({"metric": "fan_pct"}, "metric", "util_gpu"),
+    ({"group": "vm", "metric": "temp_c"}, "metric", "VM rows"),
+    ({"metric": "util_mem", "stat": "p95"}, "stat", "avg, max"),
+    ({"stat": "median"}, "stat", "avg, max, p95"),
+    ({"fold": "day_of_week"}, "fold", "hour_of_week"),
+    ({"sort": "name"}, "sort", "host, peak, mean"),
+    ({"host": "render-01"}, "host", "whole number"),
+    ({"host": "999999"}, "host", "999999"),
+    ({"start": "yesterday"}, "start", "not a time"),
+    ({"end": "2026-03-02T09:00:00Z"}, "end", "later than start"),
+    ({"end": "2027-06-01T00:00:00Z"}, "end", "400 days"),
+    ({"step": "7"}, "step", "multiple of 300"),
+    ({"step": "abc"}, "step", "whole number"),
+    ({"step": "300", "end": "2026-03-12T10:00:00Z"}, "step", "2,000"),
+    ({"fold": "hour_of_week", "step": "300"}, "step", "hourly"),
+])
+def test_bad_parameters_are_400_naming_them(admin_api, world, params, field, words):
+    query = {"start": T0.isoformat(), "end": at(3600).isoformat(), **params}
+
+    response = admin_api.get(URL, query)
+
+    assert response.status_code == 400
+    body = response.json()
+    assert field in body, body
+    assert words in " ".join(body[field])
+
+
+def test_missing_range_names_both_ends(admin_api, world):
+    response = admin_api.get(URL, {"group": "host"})
+
+    assert response.status_code == 400
+    assert set(response.json()) == {"start", "end"}
+
+
+def test_columns_cap_suggests_a_step(admin_api, world):
+    response = admin_api.get(URL, {"start": T0.isoformat(), "end": (T0 + timedelta(days=30)).isoformat(),
+                                   "step": "900"})
+
+    assert response.status_code == 400
+    assert "use a step of at least 1800 s" in response.json()["step"][0]
+
+
+# Queries -----------------------------------------------------------------------------------
+
+
+def _add_gpus(count: int):
+    """`count` GPUs, each on its own host, holding a VM's vGPU, with data for both."""
+    start = HostFactory._meta.model.objects.count()
+    for i in range(start, start + count):
+        gpu = GpuFactory(host=HostFactory(name=f"node-{i:02d}"), gpu_model=gpu_model(L40S))
+        gpu_rollups(gpu, [(30, 10.0 + i, 20.0, 19.0)])
+        gpu_rollups(gpu, [(360, 10.0 + i, 20.0, 19.0)], step_s=3600)
+        vm = VirtualMachineFactory(name=f"ws-{i:02d}")
+        services.place_vgpu(vm, gpu, profile("L40S-12Q"))
+        vm_rollups(vm, [1024.0 * i], profile_fb_mib=Q12_FB_MIB)
+
+
+@pytest.mark.parametrize("params", [
+    {"group": "gpu"}, {"group": "vm"}, {"group": "host"}, {"group": "host", "fold": "hour_of_week"},
+    {"group": "gpu", "sort": "peak"},
+])
+def test_query_count_is_the_same_with_2_and_12_gpus(admin_api, django_assert_num_queries, params):
+    # The rows (and, for VMs, their profile names), then the values: never one query per row.
+    queries = 3 if params["group"] == "vm" else 2
+    _add_gpus(2)
+    with django_assert_num_queries(queries):
+        small = heatmap(admin_api, **params)
+    _add_gpus(10)
+    with django_assert_num_queries(queries):
+        large = heatmap(admin_api, **params)
+
+    assert (len(small["y"]), len(large["y"])) == (2, 12)
+    assert sum(value is not None for line in large["z"] for value in line) == 12
+
+
+def test_host_filter_costs_one_query_more(admin_api, world, django_assert_num_queries):
+    with django_assert_num_queries(3):
+        body = heatmap(admin_api, host=world.host.pk)
+
+    assert body["ids"] == [world.gpu_1.pk, world.gpu_2.pk]
+
+
+def test_schema_documents_the_heatmap(admin_api, db):
+    schema = admin_api.get("/api/schema/", HTTP_ACCEPT="application/vnd.oai.openapi+json").json()
+
+    operation = schema["paths"]["/api/v1/heatmap/"]["get"]
+    assert {p["name"]: p.get("required", False) for p in operation["parameters"]} == {
+        "group": False, "metric": False, "stat": False, "start": True, "end": True, "step": False,
+        "fold": False, "sort": False, "host": False,
+    }
+    assert set(operation["responses"]) == {"200", "400"}
+    properties = schema["components"]["schemas"]["Heatmap"]["properties"]
+    assert {"x", "y", "z", "ids", "rows", "zmin", "zmax"} <= set(properties)
