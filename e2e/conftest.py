@@ -75,11 +75,16 @@ def build_demo_world(out_dir: Path, tiers: tuple[tuple[float, int], ...]) -> Sim
     tests commit (the live server is another thread), and the flush afterwards restores the
     catalog through serialized rollback."""
     from fleet import demo as fleet_demo
-    from fleet.models import Artist
+    from fleet.catalog import load_catalog
+    from fleet.models import Artist, GpuModel, VgpuProfile
     from telemetry import history
     from telemetry.demo import write_demo_agents
     from telemetry.models import Agent
 
+    # A transactional test elsewhere in the run may have flushed the catalog that migration
+    # fleet 0002 loaded; the demo needs it (loading it is idempotent).
+    if not GpuModel.objects.exists():
+        load_catalog(GpuModel, VgpuProfile)
     fleet_demo.seed_demo(hosts=3, admin_password=PASSWORD, artist_password=PASSWORD)
     write_demo_agents(out_dir=out_dir)
     agents = list(Agent.objects.select_related("host").order_by("name"))
