@@ -12,10 +12,11 @@ from __future__ import annotations
 from collections.abc import Iterable
 from datetime import datetime
 
-from django.db.models import OuterRef, Subquery
+from django.db.models import Avg, Count, F, Max, OuterRef, Subquery
 
-from fleet.models import Gpu, Vgpu
-from telemetry.models import GpuSample, VgpuSample
+from fleet.models import Gpu, Vgpu, VirtualMachine
+from telemetry.filtersets import status_filter
+from telemetry.models import Agent, AgentStatus, GpuSample, VgpuSample, VmRollup
 
 GPU_SAMPLE_FIELDS = ("ts", "util_gpu", "util_mem", "fb_used_mib", "fb_total_mib", "enc_util", "dec_util",
                      "temp_c", "power_w", "sm_clock_mhz")
@@ -56,6 +57,12 @@ def latest_vgpu_samples(since: datetime | None = None) -> dict[tuple[int, int], 
 # The fleet overview's reads -----------------------------------------------------------------
 
 
+def agent_status_counts() -> dict[str, int]:
+    """How many agents have each status (every AgentStatus value a key), judged in SQL by
+    `telemetry.filtersets.status_filter`, the same rule as the model's property. One query."""
+    return Agent.objects.aggregate(**{value: Count("pk", filter=status_filter(value)) for value in AgentStatus.values})
+
+
 def agents_by_status() -> dict[str, list]:
     """Every agent with its host, grouped by `Agent.status` (ok / stale / error / new / disabled;
     every status present as a key), each group in name order. One query.
@@ -63,8 +70,6 @@ def agents_by_status() -> dict[str, list]:
     The status is judged in Python, by the model's own property, so the overview never disagrees
     with the agents page or the API; the agent table is small (one row per source).
     """
-    from telemetry.models import Agent, AgentStatus
-
     groups: dict[str, list] = {status: [] for status in AgentStatus.values}
     for agent in Agent.objects.select_related("host").order_by("name", "id"):
         groups[agent.status].append(agent)
@@ -81,11 +86,6 @@ def allocation_use(since: datetime, limit: int) -> tuple[list[dict], int]:
     utilization. A VM without an hourly rollup carrying frame buffer data is not "idle" but
     unknown, hence the separate count.
     """
-    from django.db.models import Avg, Count, F, Max
-
-    from fleet.models import VirtualMachine
-    from telemetry.models import VmRollup
-
     allocated = Vgpu.objects.order_by().values("vm_id")
     rollups = VmRollup.objects.filter(
         step_s=3600, bucket__gte=since, vm_id__in=allocated,

@@ -11,12 +11,13 @@ from __future__ import annotations
 from datetime import UTC
 
 from django.conf import settings
-from django.db.models import Count, QuerySet
+from django.db.models import QuerySet
 from django.urls import reverse
 
 from fleet.views.listing import Column, CsvColumn, FilteredListView
-from telemetry.filtersets import AgentFilterSet, status_filter
+from telemetry.filtersets import AgentFilterSet
 from telemetry.models import Agent, AgentStatus
+from telemetry.queries import agent_status_counts
 
 #: Statuses in the order the summary lists them: the ones needing attention first.
 SUMMARY_ORDER = (AgentStatus.ERROR, AgentStatus.STALE, AgentStatus.NEW, AgentStatus.OK, AgentStatus.DISABLED)
@@ -79,8 +80,7 @@ class AgentListView(FilteredListView):
             agent.error_is_current = agent.status_now == AgentStatus.ERROR
 
     def get_extra_context(self) -> dict:
-        counts = Agent.objects.aggregate(**{value: Count("pk", filter=status_filter(value))
-                                            for value in AgentStatus.values})
+        counts = agent_status_counts()
         summary = [{"status": value, "label": AgentStatus(value).label, "count": counts[value]}
                    for value in SUMMARY_ORDER]
         return {

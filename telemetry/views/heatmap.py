@@ -17,7 +17,6 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from django.conf import settings
-from django.db.models import Count
 from django.http import QueryDict
 from django.shortcuts import render
 from django.urls import reverse
@@ -27,8 +26,7 @@ from django.utils.html import format_html
 from fleet.models import Host
 from fleet.views.access import staff_required
 from telemetry.api.metrics import METRICS
-from telemetry.filtersets import status_filter
-from telemetry.models import Agent, AgentStatus
+from telemetry.queries import agent_status_counts
 from telemetry.ranges import PRESET_LABELS, RangeError, TimeRange, resolve_range
 
 TEMPLATE = "telemetry/heatmap.html"
@@ -131,15 +129,6 @@ def _range_params(params: QueryDict, default_key: str) -> tuple[str, dict[str, s
     return key, {"range": key}
 
 
-def _agent_health() -> dict[str, int]:
-    """How many agents there are, and how many are stale or in error: one query."""
-    return Agent.objects.aggregate(
-        total=Count("pk"),
-        stale=Count("pk", filter=status_filter(AgentStatus.STALE)),
-        error=Count("pk", filter=status_filter(AgentStatus.ERROR)),
-    )
-
-
 def _view_links(current: str, sort: str, host_id: int | None, range_key: str | None,
                 range_query: dict[str, str]) -> list[dict]:
     """The segmented control: each view keeps the valid sort, host filter and chosen range (a
@@ -211,7 +200,7 @@ def heatmap_page(request):
         errors.append(str(exc))
 
     chosen = params.get("range") or params.get("start") or params.get("end")
-    agents = _agent_health()
+    agents = agent_status_counts()
     metric_label = view.metrics[metric]
     context = {
         "view": view,
@@ -219,7 +208,7 @@ def heatmap_page(request):
                                   range_query),
         "errors": errors,
         "agents": agents,
-        "no_agents": agents["total"] == 0,
+        "no_agents": sum(agents.values()) == 0,
         "metric": metric,
         "metric_label": metric_label,
         "stat": stat,
