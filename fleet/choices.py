@@ -1,6 +1,7 @@
 """Enumerations of the fleet inventory, shared by models, API and forms."""
 
 from django.db import models
+from django.db.models import TextChoices
 
 
 class Series(models.TextChoices):
@@ -48,3 +49,10 @@ class UserType(models.TextChoices):
     LIGHT = "light", "Light"
     MEDIUM = "medium", "Medium"
     HEAVY = "heavy", "Heavy"
+
+
+class ResizeStatus(TextChoices):
+    PENDING = "pending", "Pending"
+    APPROVED = "approved", "Approved and applied"
+    REJECTED = "rejected", "Rejected"
+    CANCELLED = "cancelled", "Cancelled"

@@ -12,7 +12,7 @@ from django.db import models
 from django.db.models import Q
 
 from fleet import placement
-from fleet.choices import GpuMode, Hypervisor, Series, SizeMode, UserType, Workflow
+from fleet.choices import GpuMode, Hypervisor, ResizeStatus, Series, SizeMode, UserType, Workflow
 
 
 class GpuModel(models.Model):
@@ -239,3 +239,48 @@ class Vgpu(models.Model):
 
     def __str__(self):
         return f"{self.profile.name} for {self.vm.name}"
+
+
+class ResizeRequest(models.Model):
+    """A request to give a VM another vGPU profile (or another number of vGPUs).
+
+    Filed by the VM's artist, or by an admin accepting a right-sizing suggestion; decided by
+    an admin, whose approval re-checks and applies it through `fleet.placement`.
+    """
+
+    vm = models.ForeignKey(VirtualMachine, on_delete=models.CASCADE, related_name="resize_requests",
+                           verbose_name="VM")
+    current_profile = models.ForeignKey(
+        VgpuProfile, null=True, blank=True, on_delete=models.PROTECT, related_name="+",
+        help_text="The VM's profile when the request was filed",
+    )
+    requested_profile = models.ForeignKey(VgpuProfile, on_delete=models.PROTECT, related_name="resize_requests")
+    requested_vgpus = models.PositiveSmallIntegerField(
+        "vGPUs", default=1,
+        validators=[MinValueValidator(1), MaxValueValidator(placement.MAX_VGPUS_PER_VM)],
+    )
+    reason = models.TextField(blank=True)
+    status = models.CharField(max_length=12, choices=ResizeStatus.choices, default=ResizeStatus.PENDING)
+    requested_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+",
+    )
+    decided_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+",
+    )
+    decided_at = models.DateTimeField(null=True, blank=True)
+    decision_comment = models.TextField(blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        constraints = [
+            models.CheckConstraint(condition=Q(status__in=ResizeStatus.values), name="resizerequest_status_valid"),
+            models.CheckConstraint(
+                condition=Q(requested_vgpus__gte=1) & Q(requested_vgpus__lte=placement.MAX_VGPUS_PER_VM),
+                name="resizerequest_vgpus_range",
+            ),
+        ]
+        indexes = [models.Index(fields=["status", "created_at"], name="resizerequest_status_idx")]
+
+    def __str__(self):
+        return f"{self.vm.name} -> {self.requested_profile.name} ({self.get_status_display()})"

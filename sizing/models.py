@@ -1,1 +1,163 @@
-"""Right-sizing suggestions and density plans are built on telemetry rollups (see DESIGN.md)."""
+"""What sizing keeps: workflow presets for the density planner, right-sizing suggestions per VM,
+and runs of the fleet placement optimizer.
+
+The decisions themselves are pure functions (`sizing.engine`, `sizing.planner`,
+`sizing.optimizer`); these rows only store their inputs and results.
+"""
+
+from django.conf import settings
+from django.core.validators import MaxValueValidator, MinValueValidator
+from django.db import models
+from django.db.models import Q
+
+from fleet import placement
+from fleet.choices import Series, Workflow
+from fleet.models import ResizeRequest, VgpuProfile, VirtualMachine
+
+
+class WorkflowPreset(models.Model):
+    """What an artist of one workflow gets by default: frame buffer per vGPU, vGPUs, vCPUs, RAM.
+
+    Sized in frame buffer rather than as one board's profile, so the planner can size the same
+    workflow on any GPU model (it takes the smallest profile of `series` with at least
+    `fb_mib`, up to a whole GPU). The seed values follow NVIDIA's Maya/Arnold sizing guide
+    (12Q on a 24 GB Quadro RTX 6000 for modeling, texturing and shading; 24Q for animation,
+    lighting and rendering); admins edit them.
+    """
+
+    workflow = models.CharField(max_length=20, choices=Workflow.choices, unique=True)
+    fb_mib = models.PositiveIntegerField("frame buffer per vGPU, MiB")
+    series = models.CharField(max_length=1, choices=Series.choices, default=Series.Q)
+    vgpus = models.PositiveSmallIntegerField(
+        "vGPUs", default=1,
+        validators=[MinValueValidator(1), MaxValueValidator(placement.MAX_VGPUS_PER_VM)],
+        help_text="vGPUs per VM (multi-vGPU, up to four, for lighting and rendering)",
+    )
+    vcpus = models.PositiveIntegerField("vCPUs", default=8)
+    ram_gib = models.PositiveIntegerField("RAM, GiB", default=32)
+    note = models.CharField(max_length=200, blank=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["workflow"]
+        constraints = [
+            models.CheckConstraint(condition=Q(workflow__in=Workflow.values), name="workflowpreset_workflow_valid"),
+            models.CheckConstraint(condition=Q(fb_mib__gt=0), name="workflowpreset_fb_positive"),
+            models.CheckConstraint(
+                condition=Q(vgpus__gte=1) & Q(vgpus__lte=placement.MAX_VGPUS_PER_VM),
+                name="workflowpreset_vgpus_range",
+            ),
+            models.CheckConstraint(condition=Q(vcpus__gte=1), name="workflowpreset_vcpus_min_1"),
+            models.CheckConstraint(condition=Q(ram_gib__gte=1), name="workflowpreset_ram_min_1"),
+        ]
+
+    def __str__(self):
+        return f"{self.get_workflow_display()}: {self.vgpus} x {self.fb_mib // 1024} GB"
+
+
+class SuggestionAction(models.TextChoices):
+    UPSIZE = "upsize", "Upsize"
+    DOWNSIZE = "downsize", "Downsize"
+    KEEP = "keep", "Keep"
+    INSUFFICIENT_DATA = "insufficient_data", "Not enough data"
+
+
+class Suggestion(models.Model):
+    """The right-sizing advice for one VM, refreshed from its rollups by a beat task.
+
+    One row per VM, updated in place. `evidence` holds the figures (and the daily series for
+    the chart) the advice rests on; `evidence_key` is a digest of what would change the
+    advice, so a dismissal hides the suggestion only until the evidence changes.
+    """
+
+    vm = models.OneToOneField(VirtualMachine, on_delete=models.CASCADE, related_name="suggestion", verbose_name="VM")
+    current_profile = models.ForeignKey(VgpuProfile, null=True, on_delete=models.SET_NULL, related_name="+")
+    suggested_profile = models.ForeignKey(
+        VgpuProfile, null=True, blank=True, on_delete=models.SET_NULL, related_name="+",
+    )
+    action = models.CharField(max_length=20, choices=SuggestionAction.choices)
+    reason = models.CharField(max_length=300, blank=True)
+    evidence = models.JSONField(default=dict)
+    evidence_key = models.CharField(max_length=64, help_text="Digest of the advice and its evidence")
+    fits = models.CharField(
+        max_length=20, blank=True,
+        help_text="Where the suggested profile fits now: same_gpu, move, nowhere (blank when kept)",
+    )
+    gpus_delta = models.SmallIntegerField(
+        default=0, help_text="GPUs in use after the change minus before (negative frees GPUs)",
+    )
+    window_start = models.DateTimeField()
+    window_end = models.DateTimeField()
+    computed_at = models.DateTimeField()
+    dismissed_key = models.CharField(max_length=64, blank=True)
+    dismissed_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+",
+    )
+    dismissed_at = models.DateTimeField(null=True, blank=True)
+    resize_request = models.ForeignKey(
+        ResizeRequest, null=True, blank=True, on_delete=models.SET_NULL, related_name="+",
+        help_text="The request filed when an admin accepted this suggestion",
+    )
+
+    class Meta:
+        ordering = ["vm__name"]
+        constraints = [
+            models.CheckConstraint(condition=Q(action__in=SuggestionAction.values), name="suggestion_action_valid"),
+        ]
+        indexes = [models.Index(fields=["action", "computed_at"], name="suggestion_action_idx")]
+
+    def __str__(self):
+        return f"{self.vm.name}: {self.get_action_display()}"
+
+    @property
+    def is_dismissed(self) -> bool:
+        """Dismissed, and the evidence has not changed since."""
+        return bool(self.dismissed_key) and self.dismissed_key == self.evidence_key
+
+
+class OptimizerStatus(models.TextChoices):
+    PENDING = "pending", "Queued"
+    RUNNING = "running", "Running"
+    DONE = "done", "Done"
+    FAILED = "failed", "Failed"
+    APPLIED = "applied", "Applied"
+
+
+class OptimizerRun(models.Model):
+    """One run of the fleet placement optimizer: what it was asked, how far it got, its plan.
+
+    Runs as a Celery task that writes `progress` as it goes (the page's progress bar reads it);
+    the plan in `result` is only a proposal until an admin applies it.
+    """
+
+    status = models.CharField(max_length=10, choices=OptimizerStatus.choices, default=OptimizerStatus.PENDING)
+    progress = models.FloatField(default=0.0, help_text="0 to 1")
+    stage = models.CharField(max_length=120, blank=True)
+    params = models.JSONField(default=dict, help_text="Pending changes and options the plan was asked for")
+    result = models.JSONField(null=True, blank=True)
+    fleet_fingerprint = models.CharField(
+        max_length=64, blank=True, help_text="Digest of the placements the plan started from",
+    )
+    error = models.TextField(blank=True)
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+",
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    applied_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+",
+    )
+    applied_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        constraints = [
+            models.CheckConstraint(condition=Q(status__in=OptimizerStatus.values), name="optimizerrun_status_valid"),
+            models.CheckConstraint(
+                condition=Q(progress__gte=0) & Q(progress__lte=1), name="optimizerrun_progress_range",
+            ),
+        ]
+
+    def __str__(self):
+        return f"Optimizer run {self.pk} ({self.get_status_display()})"

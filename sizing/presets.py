@@ -1,0 +1,25 @@
+"""The workflow presets the product starts with, from NVIDIA's Maya/Arnold sizing guide.
+
+[SEED] in ../shared/reference/vgpu-facts.md section 5: modeling, texturing and shading take
+half a 24 GB Quadro RTX 6000 (12Q); animation a whole one (24Q); lighting and rendering the
+largest (24Q, with multi-vGPU up to four GPUs per VM). vCPU and RAM follow NVIDIA's RTX vWS
+sizing pages (medium users 8 vCPU / 16-32 GB, heavy users 12+ vCPU / 32-64 GB). Workflows the
+guide does not size start at medium-user figures. Loaded once by a data migration; admins
+edit the rows afterwards.
+"""
+
+GIB = 1024
+
+# workflow: (frame buffer per vGPU in MiB, vGPUs, vCPUs, RAM GiB, note)
+DEFAULT_PRESETS: dict[str, tuple[int, int, int, int, str]] = {
+    "modeling": (12 * GIB, 1, 8, 32, "Sizing guide: 12Q, half a Quadro RTX 6000"),
+    "texturing": (12 * GIB, 1, 8, 32, "Sizing guide: 12Q, half a Quadro RTX 6000"),
+    "shading": (12 * GIB, 1, 8, 32, "Sizing guide: 12Q, half a Quadro RTX 6000"),
+    "animation": (24 * GIB, 1, 12, 64, "Sizing guide: 24Q, a whole Quadro RTX 6000"),
+    "lighting": (24 * GIB, 1, 16, 64, "Sizing guide: 24Q; multi-vGPU up to four for heavy scenes"),
+    "rendering": (24 * GIB, 1, 16, 64, "Sizing guide: 24Q; multi-vGPU up to four for heavy scenes"),
+    "layout": (8 * GIB, 1, 8, 32, "Medium user (RTX vWS sizing: 4Q-8Q, 8 vCPU)"),
+    "fx": (24 * GIB, 1, 16, 64, "Heavy user (RTX vWS sizing: 12Q-24Q, 12+ vCPU)"),
+    "compositing": (8 * GIB, 1, 8, 32, "Medium user (RTX vWS sizing: 4Q-8Q, 8 vCPU)"),
+    "other": (8 * GIB, 1, 8, 32, "Medium user (RTX vWS sizing: 4Q-8Q, 8 vCPU)"),
+}
