@@ -33,6 +33,7 @@ run: install $(DEMO_SECRETS)
 	$(BIN)/python manage.py demo_agents
 	@echo "Back-filling two weeks of demo history (first run only, about 20 s)..."
 	$(BIN)/python manage.py backfill_demo
+	$(BIN)/python manage.py refresh_suggestions
 	@echo "Serving http://$(HOST):$(PORT)/  (admin site: http://$(HOST):$(PORT)/admin/, API: /api/v1/, docs: /api/docs/)"
 	@echo "Starting 3 simulated agents, a Celery worker, beat and the web server; Ctrl-C stops them all."
 	$(BIN)/python manage.py runfleet $(HOST):$(PORT)

@@ -196,6 +196,11 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_DIST": "SIDECAR",
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
+    # Several resources have a `status` field with their own choices: name each set.
+    "ENUM_NAME_OVERRIDES": {
+        "AgentStatusEnum": "telemetry.models.AgentStatus",
+        "OptimizerRunStatusEnum": "sizing.models.OptimizerStatus",
+    },
 }
 
 # Host capacity: vCPUs and RAM the VMs of one host may claim, as a multiple of what it has.
@@ -257,6 +262,12 @@ TELEMETRY_PRUNE_BATCH = int(env_float("TELEMETRY_PRUNE_BATCH", 10_000))
 # Prometheus exposition at /metrics: with a token, scrapers send `Authorization: Bearer <token>`;
 # without one, only staff sessions and requests from loopback may read it.
 METRICS_TOKEN = env_str("METRICS_TOKEN")
+
+# Sizing: right-sizing suggestions judge each VM on its hourly rollups of the last
+# SIZING_WINDOW_DAYS days (NVIDIA's proof-of-concept advice: two weeks of real work).
+SIZING_WINDOW_DAYS = int(env_float("SIZING_WINDOW_DAYS", 14))
+if not 1 <= SIZING_WINDOW_DAYS <= 90:
+    raise ImproperlyConfigured(f"SIZING_WINDOW_DAYS={SIZING_WINDOW_DAYS} must be between 1 and 90")
 
 LOGGING = {
     "version": 1,

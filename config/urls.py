@@ -26,11 +26,13 @@ def healthz(request):
 urlpatterns = [
     path("", include("fleet.urls")),
     path("", include("telemetry.urls")),
+    path("sizing/", include("sizing.urls")),
     path("login/", auth_views.LoginView.as_view(redirect_authenticated_user=True), name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("admin/", admin.site.urls),
     path("api/v1/", include("fleet.api.urls")),
     path("api/v1/", include("telemetry.api.urls")),
+    path("api/v1/", include("sizing.api.urls")),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="swagger-ui"),
     path("healthz", healthz, name="healthz"),

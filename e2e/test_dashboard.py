@@ -157,18 +157,30 @@ SCREENSHOTS = [
     ("gpu-detail", "admin", "/gpus/{gpu}/"),
     ("vm-detail", "admin", "/vms/{vm}/"),
     ("artist-detail", "admin", "/artists/{artist}/"),
+    ("suggestions", "admin", "/sizing/suggestions/"),
+    ("planner", "admin", "/sizing/planner/"),
+    ("optimizer", "admin", "/sizing/optimizer/"),
+    ("optimizer-run", "admin", "/sizing/optimizer/{run}/"),
     ("my-workstation", "artist", "/me/"),
 ]
 
 
-def test_every_main_page_renders_its_charts_without_errors(page, rich_demo_world, tmp_path):
+def test_every_main_page_renders_its_charts_without_errors(page, rich_demo_world, tmp_path, monkeypatch):
     """Each main page loads, draws its charts (no chart left loading) and raises no JavaScript
     error. With SCREENSHOT_DIR set, the screenshots go there (docs/screenshots/ in the README)."""
+    from sizing import optimizer_runs
+    from sizing.suggestions import refresh_suggestions
+
     out = Path(os.environ.get("SCREENSHOT_DIR") or tmp_path)
     out.mkdir(parents=True, exist_ok=True)
     demo_world = rich_demo_world
+    refresh_suggestions()  # what the hourly beat task does
+    monkeypatch.setattr(optimizer_runs, "enqueue", lambda run_id: None)  # the run is carried out here
+    run = optimizer_runs.start_run(None, include_suggestions=True)
+    optimizer_runs.execute_run(run.pk)
     vm = demo_world.artist.vms.filter(vgpus__isnull=False).first()
-    ids = {"host": vm.host_id, "gpu": vm.vgpus.first().gpu_id, "vm": vm.pk, "artist": demo_world.artist.pk}
+    ids = {"host": vm.host_id, "gpu": vm.vgpus.first().gpu_id, "vm": vm.pk, "artist": demo_world.artist.pk,
+           "run": run.pk}
     signed_in = None
     for name, who, path in SCREENSHOTS:
         if who != signed_in:

@@ -75,6 +75,10 @@ class Suggestion(models.Model):
     suggested_profile = models.ForeignKey(
         VgpuProfile, null=True, blank=True, on_delete=models.SET_NULL, related_name="+",
     )
+    suggested_vgpus = models.PositiveSmallIntegerField(
+        "suggested vGPUs", null=True, blank=True,
+        help_text="vGPUs the VM should hold (multi-vGPU); empty when the count stays",
+    )
     action = models.CharField(max_length=20, choices=SuggestionAction.choices)
     reason = models.CharField(max_length=300, blank=True)
     evidence = models.JSONField(default=dict)

@@ -17,3 +17,15 @@ class IsFleetAdminOrReadOnly(BasePermission):
         if not (request.user and request.user.is_authenticated):
             return False
         return request.method in SAFE_METHODS or is_fleet_admin(request.user)
+
+
+class IsFleetAdmin(BasePermission):
+    """Staff only, for every method, reading included: for views that show the whole fleet.
+
+    Subclasses only change `message`, so a refused artist reads what the view is for.
+    """
+
+    message = "Only fleet admins (staff) may do this."
+
+    def has_permission(self, request, view) -> bool:
+        return is_fleet_admin(request.user)

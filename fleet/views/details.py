@@ -335,10 +335,14 @@ class VgpuFact:
 
 @login_required
 def vm_detail(request, pk):
-    """A VM: identity, artist, host, each vGPU against its profile, a usage summary over the range
-    and its frame buffer and utilization charts. Artists reach their own VMs only (else 404)."""
+    """A VM: identity, artist, host, each vGPU against its profile, a usage summary over the range,
+    its right-sizing suggestion and its frame buffer and utilization charts. Artists reach their
+    own VMs only (else 404)."""
     staff = is_fleet_admin(request.user)
-    vm = get_object_or_404(vms_with_vgpus(visible_vms(request.user)), pk=pk)
+    # The VM's right-sizing suggestion comes in the same query (sizing keeps one per VM).
+    vm = get_object_or_404(vms_with_vgpus(visible_vms(request.user)).select_related(
+        "suggestion__current_profile", "suggestion__suggested_profile", "suggestion__resize_request",
+    ), pk=pk)
     time_range, error = page_range(request)
     vgpus = list(vm.vgpus.all())
     profile_fb_mib = sum(vgpu.profile.fb_mib for vgpu in vgpus)
@@ -351,6 +355,7 @@ def vm_detail(request, pk):
         "summary": usage_sentences(usage, profile_fb_mib, time_range),
         "charts": vm_charts(vm, profile_fb_mib, time_range, hint), "hint": hint, "staff": staff,
         "notices": agent_notices(agents, staff),
+        "suggestion": getattr(vm, "suggestion", None),
     }
     return render_page(request, "fleet/vm_detail.html", context, time_range, error)
 

@@ -15,10 +15,9 @@ from drf_spectacular.utils import OpenApiResponse, extend_schema, extend_schema_
 from rest_framework import serializers, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.filters import OrderingFilter
-from rest_framework.permissions import BasePermission
 from rest_framework.response import Response
 
-from fleet.queries import is_fleet_admin
+from fleet.api.permissions import IsFleetAdmin
 from telemetry.filtersets import AgentFilterSet
 from telemetry.models import Agent, AgentKind, AgentStatus
 
@@ -26,13 +25,8 @@ POLLED_KINDS = (AgentKind.NVML, AgentKind.DCGM_EXPORTER)
 MAX_TIMEOUT_S = 60.0
 
 
-class IsFleetAdmin(BasePermission):
-    """Staff only, for every method (DESIGN.md: only admins manage agents)."""
-
+class IsAgentAdmin(IsFleetAdmin):
     message = "Only fleet admins (staff) may see or manage agents."
-
-    def has_permission(self, request, view) -> bool:
-        return is_fleet_admin(request.user)
 
 
 class AgentSerializer(serializers.ModelSerializer):
@@ -97,7 +91,7 @@ class AgentTokenSerializer(serializers.Serializer):
 class AgentViewSet(viewsets.ModelViewSet):
     """Agents and other sources of samples, with their collection status; staff only."""
 
-    permission_classes = [IsFleetAdmin]
+    permission_classes = [IsAgentAdmin]
     serializer_class = AgentSerializer
     filterset_class = AgentFilterSet
     filter_backends = [django_filters.rest_framework.DjangoFilterBackend, OrderingFilter]

@@ -1,0 +1,95 @@
+"""Admin site for sizing: workflow presets (editable), suggestions and optimizer runs (read-mostly)."""
+
+from django import forms
+from django.contrib import admin  # noqa: F401 - sections below register their models
+
+from fleet.choices import Workflow
+from sizing.models import OptimizerRun, Suggestion, WorkflowPreset
+
+# --- workflow presets (density planner) ---
+
+
+class WorkflowPresetForm(forms.ModelForm):
+    """Bounds a preset to what a vGPU profile can be: 1 GiB to a whole 80 GB GPU per vGPU."""
+
+    fb_mib = forms.IntegerField(
+        label="Frame buffer per vGPU, MiB", min_value=1024, max_value=80 * 1024,
+        help_text="12288 is a 12Q. The planner takes the smallest profile of the board with at least this much.",
+    )
+
+    class Meta:
+        model = WorkflowPreset
+        fields = ["workflow", "fb_mib", "series", "vgpus", "vcpus", "ram_gib", "note"]
+
+
+@admin.register(WorkflowPreset)
+class WorkflowPresetAdmin(admin.ModelAdmin):
+    """What each workflow gets by default in the density planner; edited in the list itself."""
+
+    form = WorkflowPresetForm
+    list_display = ("workflow", "fb_mib", "frame_buffer", "series", "vgpus", "vcpus", "ram_gib", "note", "updated_at")
+    list_editable = ("fb_mib", "series", "vgpus", "vcpus", "ram_gib", "note")
+    ordering = ("workflow",)
+
+    @admin.display(description="Frame buffer")
+    def frame_buffer(self, obj: WorkflowPreset) -> str:
+        return f"{obj.fb_mib / 1024:g} GiB"
+
+    def get_readonly_fields(self, request, obj=None):
+        # The workflow is the preset's identity: the planner looks presets up by it.
+        return ("workflow",) if obj is not None else ()
+
+    def has_add_permission(self, request) -> bool:
+        # One preset per workflow: adding is for a workflow that has none.
+        return super().has_add_permission(request) and WorkflowPreset.objects.count() < len(Workflow.values)
+
+    def has_delete_permission(self, request, obj=None) -> bool:
+        # A workflow without a preset could not be planned; change its figures instead.
+        return False
+
+# --- suggestions ---
+
+
+@admin.register(Suggestion)
+class SuggestionAdmin(admin.ModelAdmin):
+    """Suggestions are written by the hourly refresh and acted on from the right-sizing page (or
+    the API); here their figures are read. A deleted one comes back at the next refresh."""
+
+    list_display = ("vm", "action", "current_profile", "suggested_profile", "suggested_vgpus", "fits", "gpus_delta",
+                    "computed_at", "dismissed")
+    list_filter = ("action", "fits")
+    list_select_related = ("vm", "current_profile", "suggested_profile")
+    search_fields = ("vm__name",)
+    ordering = ("vm__name",)
+    readonly_fields = [f.name for f in Suggestion._meta.fields]
+
+    @admin.display(boolean=True, description="Dismissed")
+    def dismissed(self, obj: Suggestion) -> bool:
+        return obj.is_dismissed
+
+    def has_add_permission(self, request) -> bool:
+        return False
+
+    def has_change_permission(self, request, obj=None) -> bool:
+        return False
+
+
+# --- optimizer runs ---
+
+
+@admin.register(OptimizerRun)
+class OptimizerRunAdmin(admin.ModelAdmin):
+    """Runs are started and applied from the optimizer page (or the API), which re-check the
+    fleet; here they are read, and old ones deleted."""
+
+    list_display = ("id", "status", "progress", "stage", "created_by", "created_at", "finished_at", "applied_by")
+    list_filter = ("status",)
+    list_select_related = ("created_by", "applied_by")
+    ordering = ("-created_at", "-id")
+    readonly_fields = [f.name for f in OptimizerRun._meta.fields]
+
+    def has_add_permission(self, request) -> bool:
+        return False
+
+    def has_change_permission(self, request, obj=None) -> bool:
+        return False

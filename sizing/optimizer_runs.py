@@ -1,0 +1,522 @@
+"""Runs of the fleet placement optimizer: start one, carry it out in a worker, apply its plan.
+
+The optimizer itself is pure (`sizing.optimizer`); this module is its Django side:
+
+- `start_run` gathers the pending changes (pending resize requests, optionally the current
+  right-sizing suggestions, optionally what-if changes), stores them in the run's `params`
+  and queues `sizing.tasks.run_optimizer` once the run is committed. One run at a time may
+  be queued or running: a plan is computed against the whole fleet, so two at once would
+  only race each other for the worker.
+- `execute_run` is the task's body: it claims the run by a conditional update, plans on a
+  snapshot of the fleet, writes its progress as it goes (its own autocommitted UPDATEs, so
+  the page's progress bar moves while the worker computes), checks the plan against every
+  placement rule and stores it with the names the page shows.
+- `apply_run` is the only way a plan reaches the fleet, and only at an admin's request: it
+  refuses a plan whose fleet has changed since, then replays the plan's moves through
+  `fleet.services` (which re-checks every rule under row locks) in one transaction, so a
+  refusal leaves the fleet exactly as it was.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from datetime import timedelta
+
+from celery.exceptions import SoftTimeLimitExceeded
+from django.db import connection, transaction
+from django.db.models import Count, F, Q, QuerySet
+from django.db.models.fields.json import KeyTransform
+from django.utils import timezone
+
+from fleet import services
+from fleet.choices import ResizeStatus
+from fleet.models import Gpu, Host, ResizeRequest, Vgpu, VgpuProfile, VirtualMachine
+from fleet.placement import PlacementError, Violation
+from sizing import optimizer
+from sizing.models import OptimizerRun, OptimizerStatus, Suggestion, SuggestionAction
+from sizing.queries import fleet_snapshot
+from sizing.snapshot import FleetSnapshot
+
+logger = logging.getLogger(__name__)
+
+#: Seconds the optimizer may search; it returns its best plan so far when they run out.
+SEARCH_TIME_LIMIT_S = 30.0
+#: Celery's limits for the task: the search, plus reading the fleet and checking the plan.
+TASK_SOFT_TIME_LIMIT_S = 150
+TASK_TIME_LIMIT_S = 180
+#: A run still queued or running this long after it started was lost (a worker died or none
+#: is running); the next start marks it failed instead of waiting for it forever.
+ABANDONED_AFTER_S = TASK_TIME_LIMIT_S + 60
+#: The progress bar is refreshed every second; writing more often than this only adds load.
+PROGRESS_INTERVAL_S = 0.5
+ACTIVE_STATUSES = (OptimizerStatus.PENDING, OptimizerStatus.RUNNING)
+#: Longest error text kept on a run (the model's TextField has no limit; the page has).
+MAX_ERROR_CHARS = 2000
+
+REQUEST_SOURCE = "resize-request"
+SUGGESTION_SOURCE = "suggestion"
+MANUAL_SOURCE = "manual"
+
+FLEET_CHANGED = "The fleet changed since this plan was computed; run the optimizer again."
+
+# A key of the PostgreSQL advisory lock that serializes `start_run` (the letters "OPTR").
+_START_LOCK_KEY = 0x4F505452
+
+
+class RunInProgress(Exception):
+    """A run is already queued or running; `run` is that one."""
+
+    def __init__(self, run: OptimizerRun):
+        self.run = run
+        super().__init__(f"Optimizer run #{run.pk} is {run.get_status_display().lower()}; wait for it to finish.")
+
+
+class PlanConflict(Exception):
+    """The plan cannot be applied now: `message` says why, `violations` lists the rules the
+    fleet refused (empty when the refusal is about the run or the fleet as a whole)."""
+
+    def __init__(self, message: str, violations: Iterable[Violation] = ()):
+        self.message = message
+        self.violations = list(violations)
+        super().__init__(message)
+
+
+# Reads ----------------------------------------------------------------------------------------
+
+
+def pending_requests() -> QuerySet[ResizeRequest]:
+    """Resize requests still waiting for a decision, newest first: the "pending changes" a
+    plan includes by default."""
+    return ResizeRequest.objects.filter(status=ResizeStatus.PENDING).order_by("-created_at", "-id")
+
+
+def actionable_suggestions() -> QuerySet[Suggestion]:
+    """Upsize and downsize suggestions with a target profile that no admin dismissed (a
+    dismissal counts while the evidence it saw is unchanged)."""
+    dismissed = ~Q(dismissed_key="") & Q(dismissed_key=F("evidence_key"))
+    return (
+        Suggestion.objects.filter(
+            action__in=(SuggestionAction.UPSIZE, SuggestionAction.DOWNSIZE), suggested_profile__isnull=False,
+        )
+        .exclude(dismissed)
+        .order_by("vm_id")
+    )
+
+
+def active_run() -> OptimizerRun | None:
+    """The run queued or running now, if any."""
+    return OptimizerRun.objects.filter(status__in=ACTIVE_STATUSES).order_by("created_at", "id").first()
+
+
+def recent_runs(limit: int = 20) -> QuerySet[OptimizerRun]:
+    """The newest runs with who started them and the summary of their plan, without loading
+    plans or parameters (a plan of a large fleet holds every vGPU's assignment)."""
+    return (
+        OptimizerRun.objects.select_related("created_by", "applied_by")
+        .defer("result", "params")
+        .annotate(summary=KeyTransform("summary", "result"))
+        .order_by("-created_at", "-id")[:limit]
+    )
+
+
+def fleet_changed_since(run: OptimizerRun, snapshot: FleetSnapshot | None = None) -> bool:
+    """Whether placements, host capacity or VM sizes changed since the run read the fleet
+    (the plan would then rest on a fleet that no longer exists)."""
+    snapshot = snapshot or fleet_snapshot()
+    return snapshot.fingerprint() != run.fleet_fingerprint
+
+
+# Starting a run -------------------------------------------------------------------------------
+
+
+def _change_dict(vm_id: int, profile_id: int | None, vgpus: int, source: str) -> dict:
+    return {"vm_id": vm_id, "profile_id": profile_id, "vgpus": vgpus, "source": source}
+
+
+def gather_changes(include_requests: bool = True, include_suggestions: bool = False,
+                   vm_changes: Iterable[optimizer.Change] = ()) -> tuple[list[dict], list[dict]]:
+    """The pending changes a new plan must include, one per VM, and the ones left out.
+
+    Returns (changes, superseded) as JSON-ready dicts. When several changes name one VM the
+    most deliberate one wins: an explicit what-if change, then the newest resize request
+    (someone asked for it), then a right-sizing suggestion; `superseded` lists the others with
+    the source that won, so the page can say why a request was not part of the plan.
+    """
+    chosen: dict[int, dict] = {}
+    superseded: list[dict] = []
+
+    def offer(change: dict) -> None:
+        winner = chosen.get(change["vm_id"])
+        if winner is None:
+            chosen[change["vm_id"]] = change
+        else:
+            superseded.append({**change, "superseded_by": winner["source"]})
+
+    for change in vm_changes:
+        offer(_change_dict(change.vm_id, change.profile_id, change.vgpus, change.source or MANUAL_SOURCE))
+    if include_requests:
+        for request_id, vm_id, profile_id, vgpus in pending_requests().values_list(
+            "pk", "vm_id", "requested_profile_id", "requested_vgpus",
+        ):
+            offer(_change_dict(vm_id, profile_id, vgpus, f"{REQUEST_SOURCE}:{request_id}"))
+    if include_suggestions:
+        suggestions = list(actionable_suggestions().values_list("pk", "vm_id", "suggested_profile_id",
+                                                                "suggested_vgpus"))
+        held = dict(
+            Vgpu.objects.filter(vm_id__in=[vm_id for _, vm_id, _, _ in suggestions])
+            .order_by().values("vm_id").annotate(n=Count("id")).values_list("vm_id", "n")
+        )
+        for suggestion_id, vm_id, profile_id, vgpus in suggestions:
+            # A suggestion without a count keeps the VM's number of vGPUs.
+            count = vgpus or held.get(vm_id) or 1
+            offer(_change_dict(vm_id, profile_id, count, f"{SUGGESTION_SOURCE}:{suggestion_id}"))
+    return sorted(chosen.values(), key=lambda c: c["vm_id"]), superseded
+
+
+def _serialize_starts() -> None:
+    """Make concurrent `start_run` calls take turns, so two cannot both find no active run.
+
+    SQLite needs nothing: its IMMEDIATE transactions already hold the write lock from BEGIN.
+    """
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_advisory_xact_lock(%s)", [_START_LOCK_KEY])
+
+
+def abandon_lost_runs(now=None) -> int:
+    """Mark failed the runs queued or running for longer than any run can take; returns how
+    many. Without this a worker that died mid-run would block every later run."""
+    now = now or timezone.now()
+    cutoff = now - timedelta(seconds=ABANDONED_AFTER_S)
+    lost = OptimizerRun.objects.filter(status__in=ACTIVE_STATUSES).filter(
+        Q(started_at__lt=cutoff) | Q(started_at__isnull=True, created_at__lt=cutoff),
+    )
+    return lost.update(
+        status=OptimizerStatus.FAILED, finished_at=now,
+        error=f"No worker finished this run within {ABANDONED_AFTER_S} s (is a Celery worker running?); "
+              f"it was abandoned so a new run could start.",
+    )
+
+
+def start_run(user, include_requests: bool = True, include_suggestions: bool = False,
+              vm_changes: Iterable[optimizer.Change] = ()) -> OptimizerRun:
+    """Create a queued run with the pending changes it must include and send it to a worker.
+
+    Raises RunInProgress (carrying that run) while another run is queued or running: the
+    caller shows it rather than starting a second one. The task is sent only once the run
+    is committed, so the worker always finds the row.
+    """
+    with transaction.atomic():
+        _serialize_starts()
+        abandon_lost_runs()
+        running = active_run()
+        if running is not None:
+            raise RunInProgress(running)
+        changes, superseded = gather_changes(include_requests, include_suggestions, vm_changes)
+        run = OptimizerRun.objects.create(
+            created_by=user if user is not None and user.is_authenticated else None,
+            params={
+                "include_requests": include_requests,
+                "include_suggestions": include_suggestions,
+                "time_limit_s": SEARCH_TIME_LIMIT_S,
+                "changes": changes,
+                "superseded": superseded,
+            },
+            stage="Queued",
+        )
+        transaction.on_commit(lambda: enqueue(run.pk))
+    return run
+
+
+def enqueue(run_id: int) -> None:
+    """Send the run to a Celery worker (a function of its own so tests can intercept it)."""
+    from sizing import tasks  # sizing.tasks imports this module
+
+    tasks.run_optimizer.delay(run_id)
+
+
+# Carrying a run out ---------------------------------------------------------------------------
+
+
+class ProgressWriter:
+    """The optimizer's progress callback: writes the fraction done and the stage to the run.
+
+    Each write is its own UPDATE outside any transaction (the task runs in autocommit), so
+    the page polling the run sees it at once. Writes are spaced at least `interval_s` apart
+    (the optimizer may report far more often), and the fraction never goes backwards nor
+    past 1 (the column's check constraint).
+    """
+
+    def __init__(self, run_id: int, *, interval_s: float = PROGRESS_INTERVAL_S,
+                 clock: Callable[[], float] = time.monotonic):
+        self.run_id = run_id
+        self.interval_s = interval_s
+        self.clock = clock
+        self.fraction = 0.0
+        self.writes = 0
+        self._last_write_at: float | None = None
+
+    def __call__(self, fraction: float, stage: str) -> None:
+        self.fraction = min(max(float(fraction), self.fraction), 1.0)
+        now = self.clock()
+        if self._last_write_at is not None and now - self._last_write_at < self.interval_s:
+            return
+        self.write(self.fraction, stage)
+        self._last_write_at = now
+
+    def write(self, fraction: float, stage: str) -> None:
+        OptimizerRun.objects.filter(pk=self.run_id, status=OptimizerStatus.RUNNING).update(
+            progress=fraction, stage=stage[:120],
+        )
+        self.writes += 1
+
+
+def claim_run(run_id: int) -> bool:
+    """Turn a queued run into a running one; False when it is not queued (already claimed by
+    another delivery of the same message, finished, or abandoned), so a task delivered twice
+    computes the plan once."""
+    return bool(OptimizerRun.objects.filter(pk=run_id, status=OptimizerStatus.PENDING).update(
+        status=OptimizerStatus.RUNNING, started_at=timezone.now(), progress=0.0, stage="Reading the fleet",
+    ))
+
+
+def changes_for(params: dict, snapshot: FleetSnapshot) -> tuple[list[optimizer.Change], list[tuple[int, str]]]:
+    """The run's changes as optimizer Changes, and (vm_id, reason) for those that name a VM or
+    profile deleted since the run was started (they cannot be planned; the page lists them)."""
+    changes, dropped = [], []
+    for item in params.get("changes", []):
+        if item["vm_id"] not in snapshot.vms:
+            dropped.append((item["vm_id"], f"{item['source']}: the VM no longer exists"))
+        elif item["profile_id"] is not None and item["profile_id"] not in snapshot.profiles:
+            dropped.append((item["vm_id"], f"{item['source']}: the profile no longer exists"))
+        else:
+            changes.append(optimizer.Change(item["vm_id"], item["profile_id"], item["vgpus"], item["source"]))
+    return changes, dropped
+
+
+def result_names(snapshot: FleetSnapshot, plan: optimizer.Plan, changes: Iterable[optimizer.Change]) -> dict:
+    """Names of the VMs, GPUs, hosts and profiles the plan and its changes mention, keyed by id
+    (as strings: JSON object keys), so the run page renders the diff without reading the
+    fleet again, and still reads right after the fleet has changed."""
+    changes = list(changes)
+    vm_ids = {m.vm_id for m in plan.moves} | {vm_id for vm_id, _ in plan.unplaced} | {c.vm_id for c in changes}
+    gpu_ids = set(plan.freed_gpu_ids) | set(plan.newly_used_gpu_ids)
+    profile_ids = {c.profile_id for c in changes}
+    for move in plan.moves:
+        gpu_ids.update(move.from_gpu_ids)
+        gpu_ids.update(move.to_gpu_ids)
+        profile_ids.update((move.from_profile_id, move.to_profile_id))
+    gpus = {}
+    for gpu_id in sorted(gpu_ids):
+        gpu = snapshot.gpus.get(gpu_id)
+        if gpu is not None:
+            host = snapshot.hosts.get(gpu.host_id)
+            gpus[str(gpu_id)] = {"label": gpu.label, "host_id": gpu.host_id,
+                                 "host": host.name if host else "", "model": gpu.model.name}
+    return {
+        "vms": {str(i): snapshot.vms[i].name for i in sorted(vm_ids) if i in snapshot.vms},
+        "gpus": gpus,
+        "hosts": {str(h.id): h.name for h in snapshot.hosts.values()
+                  if h.id in {g["host_id"] for g in gpus.values()}},
+        "profiles": {str(i): snapshot.profiles[i].name for i in sorted(p for p in profile_ids if p is not None)
+                     if i in snapshot.profiles},
+    }
+
+
+def plan_summary(plan: optimizer.Plan, dropped: list) -> dict:
+    """The figures the list of runs shows without loading the plan."""
+    return {
+        "gpus_before": plan.gpus_before,
+        "gpus_after": plan.gpus_after,
+        "lower_bound": plan.lower_bound,
+        "gpus_freed": len(plan.freed_gpu_ids),
+        "gpus_newly_used": len(plan.newly_used_gpu_ids),
+        "vms_moved": len(plan.moves),
+        "unplaced": len(plan.unplaced) + len(dropped),
+        "seconds": round(plan.seconds, 3),
+    }
+
+
+def _fail(run_id: int, error: str) -> None:
+    OptimizerRun.objects.filter(pk=run_id, status=OptimizerStatus.RUNNING).update(
+        status=OptimizerStatus.FAILED, error=error[:MAX_ERROR_CHARS], finished_at=timezone.now(),
+        stage="Failed",
+    )
+
+
+def execute_run(run_id: int, *, progress_interval_s: float = PROGRESS_INTERVAL_S) -> str:
+    """Carry out a queued run: claim it, plan, verify, store. Returns the run's status after
+    (or "skipped" when the run was not queued, e.g. a second delivery of the task).
+
+    A plan that breaks any placement rule is never stored as done: the run fails and lists
+    the violations. Other failures keep only the exception's type and message (the full
+    traceback goes to the worker's log, not to the page).
+    """
+    if not claim_run(run_id):
+        return "skipped"
+    run = OptimizerRun.objects.only("params").get(pk=run_id)
+    try:
+        snapshot = fleet_snapshot()
+        fingerprint = snapshot.fingerprint()
+        OptimizerRun.objects.filter(pk=run_id).update(fleet_fingerprint=fingerprint)
+        changes, dropped = changes_for(run.params, snapshot)
+        writer = ProgressWriter(run_id, interval_s=progress_interval_s)
+        writer(0.0, "Planning")
+        plan = optimizer.optimize(
+            snapshot, changes, progress=writer,
+            time_limit_s=float(run.params.get("time_limit_s", SEARCH_TIME_LIMIT_S)),
+        )
+        writer.write(writer.fraction, "Checking the plan against every placement rule")
+        violations = optimizer.verify(snapshot, plan)
+        if violations:
+            _fail(run_id, "The optimizer returned a plan that breaks placement rules, so it was discarded:\n"
+                  + "\n".join(f"- [{v.rule}] {v.message}" for v in violations))
+            return OptimizerStatus.FAILED
+        result = {
+            "summary": plan_summary(plan, dropped),
+            "plan": plan.to_json(),
+            "names": result_names(snapshot, plan, changes),
+            "dropped": [[vm_id, reason] for vm_id, reason in dropped],
+        }
+    except SoftTimeLimitExceeded:
+        _fail(run_id, f"The run took longer than {TASK_SOFT_TIME_LIMIT_S} s and was stopped.")
+        return OptimizerStatus.FAILED
+    except Exception as exc:
+        logger.exception("optimizer run %s failed", run_id)
+        _fail(run_id, f"{type(exc).__name__}: {exc}")
+        return OptimizerStatus.FAILED
+    stored = OptimizerRun.objects.filter(pk=run_id, status=OptimizerStatus.RUNNING).update(
+        status=OptimizerStatus.DONE, result=result, progress=1.0, stage="Done", finished_at=timezone.now(),
+    )
+    # Not stored when the run was abandoned meanwhile (it overran ABANDONED_AFTER_S).
+    return OptimizerStatus.DONE if stored else "abandoned"
+
+
+# Applying a plan ------------------------------------------------------------------------------
+
+
+@dataclass
+class PlannedVgpu:
+    """One vGPU of the plan's target layout, read back from the stored plan."""
+
+    vm_id: int
+    gpu_id: int
+    profile_id: int
+
+
+@dataclass
+class ApplyOutcome:
+    """What applying a plan did: VMs re-placed, vGPUs created, requests approved."""
+
+    run: OptimizerRun
+    vms_moved: int = 0
+    vgpus_placed: int = 0
+    approved_request_ids: list[int] = field(default_factory=list)
+
+
+def _planned_vgpus(run: OptimizerRun) -> list[PlannedVgpu]:
+    return [PlannedVgpu(a["vm_id"], a["gpu_id"], a["profile_id"]) for a in run.result["plan"]["assignments"]]
+
+
+def _vms_to_replace(run: OptimizerRun, planned: list[PlannedVgpu]) -> set[int]:
+    """VMs whose vGPUs the plan changes: the plan's moves, and (as a safeguard) any VM whose
+    GPUs or profiles in the plan differ from what it holds now."""
+    moved = {m["vm_id"] for m in run.result["plan"]["moves"]}
+    wanted: dict[int, list] = {}
+    for item in planned:
+        wanted.setdefault(item.vm_id, []).append((item.gpu_id, item.profile_id))
+    held: dict[int, list] = {}
+    for vm_id, gpu_id, profile_id in Vgpu.objects.filter(vm_id__in=wanted).values_list("vm_id", "gpu_id",
+                                                                                         "profile_id"):
+        held.setdefault(vm_id, []).append((gpu_id, profile_id))
+    return moved | {vm_id for vm_id, pairs in wanted.items() if sorted(pairs) != sorted(held.get(vm_id, []))}
+
+
+def _lock_in_service_order(planned: list[PlannedVgpu], replaced: set[int]) -> None:
+    """Lock every host, GPU and VM the plan touches, in the order `fleet.services` locks them
+    (host, GPU, VM; by id within each), before the first removal. The services lock rows one
+    placement at a time; holding a VM from a removal while waiting for a host another request
+    holds, which in turn waits for that VM, would deadlock."""
+    gpu_ids = set(Vgpu.objects.filter(vm_id__in=replaced).values_list("gpu_id", flat=True))
+    gpu_ids |= {item.gpu_id for item in planned if item.vm_id in replaced}
+    host_ids = set(Gpu.objects.filter(pk__in=gpu_ids).values_list("host_id", flat=True))
+    host_ids |= set(VirtualMachine.objects.filter(pk__in=replaced, host__isnull=False).values_list("host_id",
+                                                                                                    flat=True))
+    list(Host.objects.select_for_update().filter(pk__in=host_ids).order_by("pk").values_list("pk", flat=True))
+    list(Gpu.objects.select_for_update().filter(pk__in=gpu_ids).order_by("pk").values_list("pk", flat=True))
+    list(VirtualMachine.objects.select_for_update().filter(pk__in=replaced).order_by("pk").values_list("pk",
+                                                                                                      flat=True))
+
+
+def included_request_ids(run: OptimizerRun) -> list[int]:
+    """The resize requests the plan carries out: those among its changes that were placed."""
+    unplaced = {vm_id for vm_id, _ in run.result["plan"]["unplaced"]} | {vm_id for vm_id, _ in
+                                                                        run.result.get("dropped", [])}
+    return sorted(
+        int(c["source"].split(":", 1)[1]) for c in run.params.get("changes", [])
+        if c["source"].startswith(f"{REQUEST_SOURCE}:") and c["vm_id"] not in unplaced
+    )
+
+
+def apply_run(run: OptimizerRun, user) -> ApplyOutcome:
+    """Carry out a finished plan on the fleet, all of it or nothing; admins only (the caller
+    checks the role).
+
+    Refuses (PlanConflict) a run that is not done, a fleet that changed since the plan was
+    computed, and resize requests decided meanwhile. Otherwise, in one transaction: removes
+    the vGPUs of every VM the plan changes, places them again where the plan says, in the
+    plan's order, through `fleet.services.place_vgpu` (every rule re-checked under row locks),
+    marks the included resize requests approved and the run applied. Any refusal rolls all of
+    it back and raises PlanConflict with the violations.
+    """
+    with transaction.atomic():
+        run = OptimizerRun.objects.select_for_update().get(pk=run.pk)
+        if run.status == OptimizerStatus.APPLIED:
+            raise PlanConflict(f"Optimizer run #{run.pk} was applied already.")
+        if run.status != OptimizerStatus.DONE:
+            raise PlanConflict(
+                f"Optimizer run #{run.pk} is {run.get_status_display().lower()}; only a finished plan can be applied.",
+            )
+        planned = _planned_vgpus(run)
+        replaced = _vms_to_replace(run, planned)
+        _lock_in_service_order(planned, replaced)
+        if fleet_changed_since(run):
+            raise PlanConflict(FLEET_CHANGED)
+        request_ids = included_request_ids(run)
+        requests = list(ResizeRequest.objects.select_for_update().filter(pk__in=request_ids).order_by("pk"))
+        decided = [r for r in requests if r.status != ResizeStatus.PENDING]
+        if decided or len(requests) != len(request_ids):
+            which = ", ".join(f"#{r.pk}" for r in decided) or "a request"
+            raise PlanConflict(f"Resize request {which} was decided or deleted since this plan was computed; "
+                               f"run the optimizer again.")
+
+        for vgpu in Vgpu.objects.filter(vm_id__in=replaced).order_by("vm_id", "pk"):
+            services.remove_vgpu(vgpu)
+        todo = [item for item in planned if item.vm_id in replaced]
+        vms = VirtualMachine.objects.in_bulk({item.vm_id for item in todo})
+        gpus = Gpu.objects.select_related("host", "gpu_model").in_bulk({item.gpu_id for item in todo})
+        profiles = VgpuProfile.objects.select_related("gpu_model").in_bulk({item.profile_id for item in todo})
+        try:
+            for item in todo:
+                services.place_vgpu(vms[item.vm_id], gpus[item.gpu_id], profiles[item.profile_id])
+        except PlacementError as exc:
+            raise PlanConflict(
+                f"The fleet refused the plan ({exc}); nothing was changed. Run the optimizer again.", exc.violations,
+            ) from exc
+        except KeyError as exc:
+            raise PlanConflict(f"An object of the plan no longer exists ({exc}); nothing was changed.") from exc
+
+        now = timezone.now()
+        ResizeRequest.objects.filter(pk__in=request_ids).update(
+            status=ResizeStatus.APPROVED, decided_by=user, decided_at=now,
+            decision_comment=f"Applied by optimizer run #{run.pk}",
+        )
+        run.status = OptimizerStatus.APPLIED
+        run.applied_by = user
+        run.applied_at = now
+        run.stage = "Applied"
+        run.save(update_fields=["status", "applied_by", "applied_at", "stage"])
+    return ApplyOutcome(run=run, vms_moved=len(replaced), vgpus_placed=len(todo), approved_request_ids=request_ids)

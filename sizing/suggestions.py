@@ -1,0 +1,302 @@
+"""Right-sizing suggestions: refreshed from the hourly rollups, then accepted, dismissed or restored.
+
+`refresh_suggestions` is the hourly beat task's work (`sizing.tasks`): it reads the fleet once
+(`sizing.queries.fleet_snapshot`), streams every VM's hourly rollups over the window in one
+query, asks the pure engine (`sizing.engine.advise`) what each VM should hold and, for a resize,
+where the new size would fit (`sizing.impact.ImpactCalculator`), then upserts one `Suggestion` per
+VM. The query count is the same for ten VMs as for ten thousand (apart from the insert batches),
+and memory holds one VM's rollups at a time.
+
+A dismissal hides a suggestion while its `evidence_key` (a coarse digest of the advice and its
+figures, `sizing.engine.evidence_key`) stays what it was dismissed on; once a refresh changes the
+evidence, the dismissal is cleared, so the suggestion comes back for good and not only until the
+figures drift back.
+
+Accepting a suggestion files a `fleet.models.ResizeRequest` for an admin to approve (approval
+re-checks placement and applies it); nothing here changes a VM's vGPUs.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from collections.abc import Iterable, Iterator
+from datetime import datetime, timedelta
+from itertools import groupby
+from operator import itemgetter
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models import F, Q
+from django.utils import timezone
+
+from fleet.choices import ResizeStatus
+from fleet.models import ResizeRequest, Vgpu, VirtualMachine
+from sizing import engine
+from sizing.impact import ImpactCalculator
+from sizing.models import Suggestion, SuggestionAction
+from sizing.queries import fleet_snapshot
+from sizing.snapshot import FleetSnapshot
+from telemetry.aggregation import bucket_floor
+from telemetry.models import VmRollup
+
+logger = logging.getLogger(__name__)
+
+HOURLY = 3600
+#: Rows per INSERT ... ON CONFLICT statement of a refresh.
+WRITE_BATCH = 500
+#: Rollup rows fetched per round trip while streaming the window.
+CHUNK_ROWS = 5000
+RESIZE_ACTIONS = (SuggestionAction.UPSIZE, SuggestionAction.DOWNSIZE)
+REASON_MAX_CHARS = Suggestion._meta.get_field("reason").max_length
+#: The columns a refresh writes; the dismissal and the filed request are the admin's.
+REFRESHED_FIELDS = [
+    "current_profile", "suggested_profile", "suggested_vgpus", "action", "reason", "evidence", "evidence_key",
+    "fits", "gpus_delta", "window_start", "window_end", "computed_at",
+]
+_ROLLUP_COLUMNS = (
+    "vm_id", "bucket", "samples", "fb_used_mib_avg", "fb_used_mib_max", "fb_used_mib_p95", "util_gpu_avg",
+    "util_gpu_p95", "enc_util_avg", "enc_util_max", "profile_fb_mib",
+)
+
+
+class SuggestionConflict(Exception):
+    """The suggestion cannot be acted on as it stands (nothing to resize, a request already
+    pending, evidence or vGPUs changed since it was shown); the API answers 409."""
+
+
+def thresholds() -> engine.Thresholds:
+    """The engine's thresholds with the window of SIZING_WINDOW_DAYS (default 14 days)."""
+    return engine.Thresholds(window_days=settings.SIZING_WINDOW_DAYS)
+
+
+def window_bounds(now: datetime, window_days: int) -> tuple[datetime, datetime]:
+    """The complete hourly buckets of the last `window_days` days before `now`: [start, end),
+    end being the start of the hour in progress (never half an hour of data)."""
+    end = bucket_floor(now, HOURLY)
+    return end - timedelta(days=window_days), end
+
+
+# Refresh -----------------------------------------------------------------------------------
+
+
+def _usage_hours(start: datetime, end: datetime, vm_ids: list[int] | None) -> Iterator[tuple[int, list]]:
+    """(vm_id, [UsageHour, ...]) for every VM with hourly rollups in [start, end), by VM id and
+    bucket: one query, streamed, one VM's hours in memory at a time."""
+    rows = VmRollup.objects.filter(step_s=HOURLY, bucket__gte=start, bucket__lt=end)
+    if vm_ids is not None:
+        rows = rows.filter(vm_id__in=vm_ids)
+    stream = rows.order_by("vm_id", "bucket").values_list(*_ROLLUP_COLUMNS).iterator(chunk_size=CHUNK_ROWS)
+    # Local time: the evidence's daily series groups hours by the calendar day of `start`.
+    zone = timezone.get_current_timezone()
+    for vm_id, group in groupby(stream, key=itemgetter(0)):
+        yield vm_id, [
+            engine.UsageHour(
+                start=bucket.astimezone(zone), samples=samples, fb_used_mib_avg=fb_avg, fb_used_mib_max=fb_max,
+                fb_used_mib_p95=fb_p95, util_gpu_avg=util_avg, util_gpu_p95=util_p95, enc_util_avg=enc_avg,
+                enc_util_max=enc_max, profile_fb_mib=profile_fb,
+            )
+            for _, bucket, samples, fb_avg, fb_max, fb_p95, util_avg, util_p95, enc_avg, enc_max, profile_fb in group
+        ]
+
+
+def _hours_per_vm(vm_ids: list[int], streamed: Iterable[tuple[int, list]]) -> Iterator[tuple[int, list]]:
+    """Pairs each of `vm_ids` (ascending) with its hours from `streamed` (ascending by VM), or
+    with no hours: a VM without rollups still gets a suggestion ("not enough data")."""
+    stream = iter(streamed)
+    pending = next(stream, None)
+    for vm_id in vm_ids:
+        while pending is not None and pending[0] < vm_id:
+            pending = next(stream, None)
+        if pending is not None and pending[0] == vm_id:
+            yield vm_id, pending[1]
+            pending = next(stream, None)
+        else:
+            yield vm_id, []
+
+
+def _suggestion(snapshot: FleetSnapshot, impacts: ImpactCalculator, vm_id: int, hours: list,
+                limits: engine.Thresholds, window: tuple[datetime, datetime], now: datetime) -> Suggestion:
+    """The unsaved suggestion for one VM: the engine's advice and, for a resize, its impact."""
+    vm = snapshot.vms[vm_id]
+    current = snapshot.vm_profile(vm_id)
+    options = snapshot.profiles_for(current.gpu_model, current.series)
+    board = snapshot.models.get(current.gpu_model)
+    advice = engine.advise(current, len(vm.vgpus), hours, options, limits,
+                           multi_vgpu_full_only=bool(board and board.multi_vgpu_full_only))
+    evidence = dict(advice.evidence)
+    fits, gpus_delta = "", 0
+    if advice.action in RESIZE_ACTIONS and advice.suggested is not None:
+        impact = impacts.impact(vm_id, advice.suggested, advice.suggested_vgpus)
+        fits, gpus_delta = impact.fits, impact.gpus_delta
+        evidence["impact"] = {
+            "fits": impact.fits, "detail": impact.detail, "violations": [str(v) for v in impact.violations],
+            "gpu_ids": list(impact.gpu_ids), "host_id": impact.host_id, "gpus_delta": impact.gpus_delta,
+        }
+    return Suggestion(
+        vm_id=vm_id, current_profile_id=current.id,
+        suggested_profile_id=advice.suggested.id if advice.suggested is not None else None,
+        suggested_vgpus=advice.suggested_vgpus, action=advice.action, reason=advice.reason[:REASON_MAX_CHARS],
+        evidence=evidence, evidence_key=engine.evidence_key(advice), fits=fits, gpus_delta=gpus_delta,
+        window_start=window[0], window_end=window[1], computed_at=now,
+    )
+
+
+def refresh_suggestions(now: datetime | None = None, vm_ids: Iterable[int] | None = None) -> dict[str, int]:
+    """Recompute the suggestion of every VM holding vGPUs (or of `vm_ids` only) from its hourly
+    rollups over the window, and delete those of VMs that hold none any more.
+
+    Returns how many suggestions of each action were written, `removed` and `failed` (a VM the
+    engine could not judge is logged and keeps its previous suggestion: one odd VM must not stop
+    the fleet's refresh). Safe to run twice or at once: rows are upserted on their VM.
+    """
+    now = now or timezone.now()
+    limits = thresholds()
+    window = window_bounds(now, limits.window_days)
+    wanted = None if vm_ids is None else sorted(set(vm_ids))
+    snapshot = fleet_snapshot()
+    chosen = None if wanted is None else set(wanted)
+    subjects = sorted(vm_id for vm_id, vm in snapshot.vms.items()
+                      if vm.vgpus and (chosen is None or vm_id in chosen))
+    counts: Counter[str] = Counter({action: 0 for action in SuggestionAction.values})
+    counts.update(removed=0, failed=0)
+    rows = []
+    impacts = ImpactCalculator(snapshot)
+    streamed = _usage_hours(*window, vm_ids=wanted)
+    for vm_id, hours in _hours_per_vm(subjects, streamed):
+        try:
+            row = _suggestion(snapshot, impacts, vm_id, hours, limits, window, now)
+        except Exception:
+            logger.exception("right-sizing of VM %s (id %d) failed", snapshot.vms[vm_id].name, vm_id)
+            counts["failed"] += 1
+            continue
+        rows.append(row)
+        counts[row.action] += 1
+    with transaction.atomic():
+        Suggestion.objects.bulk_create(
+            rows, batch_size=WRITE_BATCH, update_conflicts=True, unique_fields=["vm"], update_fields=REFRESHED_FIELDS,
+        )
+        scope = Suggestion.objects.all() if wanted is None else Suggestion.objects.filter(vm_id__in=wanted)
+        # New evidence ends a dismissal for good (see the module docstring).
+        scope.exclude(dismissed_key="").exclude(dismissed_key=F("evidence_key")).update(
+            dismissed_key="", dismissed_by=None, dismissed_at=None,
+        )
+        # A filed request stays linked while the suggestion still asks for what it requested.
+        scope.filter(resize_request__isnull=False).filter(
+            Q(suggested_profile__isnull=True) | ~Q(suggested_profile=F("resize_request__requested_profile")),
+        ).update(resize_request=None)
+        removed, _ = scope.exclude(vm_id__in=Vgpu.objects.values("vm_id")).delete()
+    counts["removed"] = removed
+    return dict(counts)
+
+
+# Accept, dismiss, restore ------------------------------------------------------------------
+
+
+def _fmt_gib(mib) -> str:
+    value = mib / 1024
+    return f"{value:.0f}" if abs(value - round(value)) < 0.05 else f"{value:.1f}"
+
+
+def resize_reason(suggestion: Suggestion) -> str:
+    """The reason a filed request carries, from the evidence, e.g. "Right-sizing: fb p95 11.2 GiB
+    = 93% of 12 GiB over 14 days (peak 100%, mean 74%); RTX6000-12Q -> RTX6000-24Q"."""
+    evidence = suggestion.evidence or {}
+    parts = ["Right-sizing:"]
+    p95_mib, profile_mib = evidence.get("fb_p95_mib"), evidence.get("profile_fb_mib")
+    if p95_mib is not None and profile_mib:
+        days = evidence.get("window_days", settings.SIZING_WINDOW_DAYS)
+        parts.append(f"fb p95 {_fmt_gib(p95_mib)} GiB = {evidence.get('fb_p95_pct', 0):.0f}% of "
+                     f"{_fmt_gib(profile_mib)} GiB over {days} days")
+        extra = [f"{label} {evidence[key]:.0f}%" for label, key in (("peak", "fb_peak_pct"), ("mean", "fb_mean_pct"))
+                 if evidence.get(key) is not None]
+        if extra:
+            parts.append(f"({', '.join(extra)});")
+    target = suggestion.suggested_profile.name if suggestion.suggested_profile else "?"
+    count = suggestion.suggested_vgpus
+    parts.append(f"{suggestion.current_profile.name if suggestion.current_profile else '?'} -> "
+                 f"{f'{count} x ' if count else ''}{target}.")
+    detail = (evidence.get("impact") or {}).get("detail")
+    if detail:
+        parts.append(detail.rstrip(".") + ".")
+    return " ".join(parts)
+
+
+def _locked_suggestion(suggestion: Suggestion) -> Suggestion:
+    """The suggestion's row, locked, after its VM's row (the order the fleet's services take:
+    the VM before what hangs off it), so two admins acting on one VM queue up."""
+    VirtualMachine.objects.select_for_update().filter(pk=suggestion.vm_id).values_list("pk").first()
+    return Suggestion.objects.select_for_update(of=("self",)).select_related(
+        "vm", "current_profile", "suggested_profile",
+    ).get(pk=suggestion.pk)
+
+
+def _check_shown(suggestion: Suggestion, evidence_key: str) -> None:
+    if evidence_key and evidence_key != suggestion.evidence_key:
+        raise SuggestionConflict(
+            f"The suggestion for {suggestion.vm.name} was recomputed since it was shown (new evidence); "
+            "review it again.",
+        )
+
+
+def accept_suggestion(suggestion: Suggestion, user, *, evidence_key: str = "", note: str = "") -> ResizeRequest:
+    """File a pending resize request for the suggested profile (and vGPU count) of the VM, by
+    `user`, linked from the suggestion; returns it.
+
+    Raises SuggestionConflict when there is nothing to resize (keep, not enough data), when a
+    request for the VM is already pending, when the VM's vGPUs changed since the suggestion was
+    computed, or when `evidence_key` (what the admin was shown) is no longer the evidence.
+    """
+    with transaction.atomic():
+        suggestion = _locked_suggestion(suggestion)
+        vm = suggestion.vm
+        _check_shown(suggestion, evidence_key)
+        if suggestion.action not in RESIZE_ACTIONS or suggestion.suggested_profile is None:
+            raise SuggestionConflict(
+                f"The suggestion for {vm.name} is \"{suggestion.get_action_display()}\": there is nothing to resize.",
+            )
+        pending = ResizeRequest.objects.filter(vm=vm, status=ResizeStatus.PENDING).order_by("created_at", "id").first()
+        if pending is not None:
+            raise SuggestionConflict(
+                f"Resize request #{pending.pk} for {vm.name} is already pending; approve or reject it first.",
+            )
+        profiles = list(Vgpu.objects.filter(vm=vm).values_list("profile_id", flat=True))
+        if suggestion.current_profile_id not in profiles:
+            raise SuggestionConflict(
+                f"The vGPUs of {vm.name} changed since this suggestion was computed; refresh the suggestions.",
+            )
+        reason = resize_reason(suggestion)
+        if note:
+            reason = f"{reason}\n\n{note}"
+        request = ResizeRequest.objects.create(
+            vm=vm, current_profile=suggestion.current_profile, requested_profile=suggestion.suggested_profile,
+            requested_vgpus=suggestion.suggested_vgpus or len(profiles), reason=reason, requested_by=user,
+        )
+        suggestion.resize_request = request
+        suggestion.save(update_fields=["resize_request"])
+    return request
+
+
+def dismiss_suggestion(suggestion: Suggestion, user, *, evidence_key: str = "") -> Suggestion:
+    """Hide the suggestion until its evidence changes; returns it. Raises SuggestionConflict
+    when `evidence_key` (what the admin was shown) is no longer the evidence: dismissing would
+    hide evidence nobody looked at."""
+    with transaction.atomic():
+        suggestion = _locked_suggestion(suggestion)
+        _check_shown(suggestion, evidence_key)
+        suggestion.dismissed_key = suggestion.evidence_key
+        suggestion.dismissed_by = user
+        suggestion.dismissed_at = timezone.now()
+        suggestion.save(update_fields=["dismissed_key", "dismissed_by", "dismissed_at"])
+    return suggestion
+
+
+def restore_suggestion(suggestion: Suggestion) -> Suggestion:
+    """Show a dismissed suggestion again; returns it (unchanged when it was not dismissed)."""
+    with transaction.atomic():
+        suggestion = _locked_suggestion(suggestion)
+        suggestion.dismissed_key = ""
+        suggestion.dismissed_by = None
+        suggestion.dismissed_at = None
+        suggestion.save(update_fields=["dismissed_key", "dismissed_by", "dismissed_at"])
+    return suggestion
