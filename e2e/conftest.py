@@ -77,6 +77,8 @@ def build_demo_world(out_dir: Path, tiers: tuple[tuple[float, int], ...]) -> Sim
     from fleet import demo as fleet_demo
     from fleet.catalog import load_catalog
     from fleet.models import Artist, GpuModel, VgpuProfile
+    from sizing.models import WorkflowPreset
+    from sizing.presets import load_presets
     from telemetry import history
     from telemetry.demo import write_demo_agents
     from telemetry.models import Agent
@@ -85,6 +87,7 @@ def build_demo_world(out_dir: Path, tiers: tuple[tuple[float, int], ...]) -> Sim
     # fleet 0002 loaded; the demo needs it (loading it is idempotent).
     if not GpuModel.objects.exists():
         load_catalog(GpuModel, VgpuProfile)
+    load_presets(WorkflowPreset)  # likewise the workflow presets of migration sizing 0002
     fleet_demo.seed_demo(hosts=3, admin_password=PASSWORD, artist_password=PASSWORD)
     write_demo_agents(out_dir=out_dir)
     agents = list(Agent.objects.select_related("host").order_by("name"))

@@ -15,14 +15,12 @@ def catalog(admin_user):
     from fleet.catalog import load_catalog
     from fleet.models import GpuModel, VgpuProfile
     from sizing.models import WorkflowPreset
-    from sizing.presets import DEFAULT_PRESETS
+    from sizing.presets import load_presets
 
     # A transactional test elsewhere in the run may have flushed what the migrations loaded.
     if not GpuModel.objects.exists():
         load_catalog(GpuModel, VgpuProfile)
-    for workflow, (fb_mib, vgpus, vcpus, ram_gib, note) in DEFAULT_PRESETS.items():
-        WorkflowPreset.objects.get_or_create(workflow=workflow, defaults={
-            "fb_mib": fb_mib, "vgpus": vgpus, "vcpus": vcpus, "ram_gib": ram_gib, "note": note})
+    load_presets(WorkflowPreset)
     return GpuModel.objects.get(name="NVIDIA L40S")
 
 

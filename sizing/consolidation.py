@@ -338,8 +338,10 @@ def ruin_and_recreate(layout: Layout, deadline: float, rng: random.Random, repor
                             * (3 if g.model.name == seed_gpu.model.name or g.host_id in hosts else 0.2)
                             for g in pool]
         # Small fleets can afford taking most of them apart (a randomised restart); large ones
-        # take a few GPUs at a time.
-        size = min(len(pool), rng.randint(0 if extra or not pool else 1, 4 if len(used) > 40 else len(used)))
+        # take a few GPUs at a time. Tries start small and grow with failures: a kept try
+        # moves every VM it took apart, and a small one that works moves few.
+        cap = min(4 if len(used) > 40 else len(used), 1 + (pending_failures if extra else failures) // 10)
+        size = min(len(pool), rng.randint(0 if extra or not pool else 1, cap))
         ruined = {seed_gpu.id}
         while len(ruined) < size + 1:
             ruined.add(rng.choices(pool, weights=pool_weights)[0].id)
@@ -678,3 +680,130 @@ def restore_moved(layout: Layout, snapshot: FleetSnapshot, changed: Iterable[int
         else:
             layout.rollback(mark)
     return back
+
+
+def keep_in_place(mapping: dict[int, list[tuple[int, ProfileSpec]]],
+                  snapshot: FleetSnapshot) -> dict[int, list[tuple[int, ProfileSpec]]]:
+    """`mapping` with interchangeable VMs swapped so that as many as possible keep their GPU,
+    then their host.
+
+    Single-vGPU VMs of one profile, vCPU count and RAM on equal-size GPUs are interchangeable:
+    swapping two of them leaves every GPU's profiles and every host's vCPU and RAM claims as
+    they were, so each rule still holds. The search judges GPUs only and may shuffle such VMs
+    between GPUs it rebuilt; here each one first takes a slot of its own GPU, then a slot on
+    its own host, then any slot left. Mixed-size GPUs and multi-vGPU VMs are left as they are
+    (placement IDs and multi-GPU claims tie them to their slots)."""
+    def swappable_gpu(gpu_id: int) -> bool:
+        return snapshot.gpus[gpu_id].size_mode != "mixed"
+
+    classes: dict[tuple, list[int]] = {}
+    for vm_id, vgpus in mapping.items():
+        if len(vgpus) == 1 and swappable_gpu(vgpus[0][0]):
+            vm = snapshot.vms[vm_id]
+            classes.setdefault((vgpus[0][1].id, vm.vcpus, vm.ram_gib), []).append(vm_id)
+    result = dict(mapping)
+    for members in classes.values():
+        if len(members) < 2:
+            continue
+        profile = mapping[members[0]][0][1]
+        slots = Counter(mapping[vm_id][0][0] for vm_id in members)
+        left = sorted(members)
+        for prefer in (lambda vm, g: g == vm.vgpus[0].gpu_id,
+                       lambda vm, g: snapshot.gpus[g].host_id == vm.host_id):
+            waiting = []
+            for vm_id in left:
+                vm = snapshot.vms[vm_id]
+                target = next((g for g in sorted(slots) if slots[g] and vm.vgpus and prefer(vm, g)), None)
+                if target is None:
+                    waiting.append(vm_id)
+                    continue
+                result[vm_id] = [(target, profile)]
+                slots[target] -= 1
+            left = waiting
+        for vm_id in left:
+            target = next(g for g in sorted(slots) if slots[g])
+            result[vm_id] = [(target, profile)]
+            slots[target] -= 1
+    return result
+
+
+def _signature_now(vm: WorkVm) -> list[tuple[int, int]]:
+    return sorted((g, p.id) for g, p in vm.vgpus)
+
+
+def _signature_then(snapshot: FleetSnapshot, vm_id: int) -> list[tuple[int, int]]:
+    return sorted((v.gpu_id, v.profile.id) for v in snapshot.vms[vm_id].vgpus)
+
+
+def reduce_moves(layout: Layout, snapshot: FleetSnapshot, changed: Iterable[int], deadline: float,
+                 rng: random.Random, patience: int = 200) -> int:
+    """Fewer moves for the same GPUs: a VM the search moved is picked, its own GPUs and the ones
+    it sits on now are taken apart, and their VMs placed again, each first on its own GPUs, then
+    where it was, then anywhere. Kept when no more GPUs are used and fewer VMs sit elsewhere than
+    they do now (VMs named in `changed` get new vGPUs anyway and do not count). The GPU search
+    judges GPUs only; exchanges it kept for a GPU can leave a chain of VMs displaced that a
+    smaller rearrangement avoids. Returns how many VMs came home."""
+    changed = set(changed)
+
+    def displaced(vm_id: int) -> bool:
+        vm = layout.vms[vm_id]
+        return vm_id not in changed and bool(vm.vgpus) and _signature_now(vm) != _signature_then(snapshot, vm_id)
+
+    def on_equal_size_gpus(vm_id: int) -> bool:
+        # On a mixed-size GPU the placement IDs count too: a VM put back on its own GPU at
+        # other IDs still moves, which this comparison of GPUs would not see. Left alone.
+        gpus = [v.gpu_id for v in snapshot.vms[vm_id].vgpus] + [g for g, _ in layout.vms[vm_id].vgpus]
+        return not any(layout.gpus[g].mixed for g in gpus)
+
+    away = {vm_id for vm_id in layout.vms if displaced(vm_id) and on_equal_size_gpus(vm_id)}
+    came_home = failures = 0
+    while away and failures < patience and time.perf_counter() < deadline:
+        vm_id = rng.choice(sorted(away))
+        own = [v.gpu_id for v in snapshot.vms[vm_id].vgpus]
+        ruined = set(own) | {g for g, _ in layout.vms[vm_id].vgpus}
+        if any(layout.gpus[g].mixed for g in ruined):
+            away.discard(vm_id)
+            continue
+        vm_ids = list(dict.fromkeys(v.vm_id for g in sorted(ruined) for v in layout.gpus[g].vgpus))
+        before_gpus = layout.gpus_in_use()
+        before_away = sum(1 for v in vm_ids if v in away)
+        mark = layout.mark()
+        if _replace_home_first(layout, snapshot, vm_ids, changed) and layout.gpus_in_use() <= before_gpus:
+            now_away = {v for v in vm_ids if displaced(v)}
+            if len(now_away) < before_away:
+                layout.commit()
+                came_home += before_away - len(now_away)
+                away = (away - set(vm_ids)) | {v for v in now_away if on_equal_size_gpus(v)}
+                failures = 0
+                continue
+        layout.rollback(mark)
+        failures += 1
+    return came_home
+
+
+def _replace_home_first(layout: Layout, snapshot: FleetSnapshot, vm_ids: list[int], changed: set[int]) -> bool:
+    """Take `vm_ids` off their GPUs and place them again: VMs going home first (largest first),
+    each on its own GPUs, else where it was, else anywhere. False if one finds no room."""
+    where: dict[int, tuple[list[int], int | None, list[ProfileSpec]]] = {}
+    for vm_id in vm_ids:
+        vm = layout.vms[vm_id]
+        where[vm_id] = ([g for g, _ in vm.vgpus], vm.host_id, [p for _, p in vm.vgpus])
+        if not layout.remove(vm):
+            return False
+
+    def home(vm_id: int) -> list[int]:
+        return [] if vm_id in changed else [v.gpu_id for v in snapshot.vms[vm_id].vgpus]
+
+    order = sorted(vm_ids, key=lambda v: (not home(v), -sum(p.fb_mib for p in where[v][2]), v))
+    for vm_id in order:
+        vm = layout.vms[vm_id]
+        gpus, host_id, profiles = where[vm_id]
+        original = snapshot.vms[vm_id]
+        if home(vm_id) and [p.id for p in profiles] == [v.profile.id for v in original.vgpus]:
+            mark = layout.mark()
+            if all(_try(layout, vm, layout.gpus[v.gpu_id], v.profile) for v in original.vgpus):
+                continue
+            layout.rollback(mark)
+        if not place_vm(layout, vm, profiles, prefer=gpus, prefer_host=host_id):
+            return False
+    return True

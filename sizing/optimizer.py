@@ -490,21 +490,27 @@ def optimize(snapshot: FleetSnapshot, changes: Iterable[Change] = (), *, progres
     failed = {vm_id: reason for vm_id, reason in failed.items() if vm_id not in made}
     report(0.9, "keeping VMs in place")
     search.restore_moved(layout, snapshot, demand.changes, started + time_limit_s * 0.9)
+    search.reduce_moves(layout, snapshot, demand.changes, started + time_limit_s * 0.92, random.Random(1))
     candidates.append((failed, layout.gpus_in_use(), 0, CONSOLIDATION, layout))
 
     report(0.95, "assembling the plan")
     candidates.sort(key=lambda c: (len(c[0]), c[1], c[2]))
     for unplaced, _gpus, _rank, strategy, work in candidates:
+        # The search keeps each GPU's contents together but not always on the GPU they came
+        # from: relabelling identical hosts and GPUs puts more VMs back where they are.
+        labellings = [search.relabel(work, snapshot)]
         if work is layout:
-            mapping, arrivals = work.mapping(), {g.id: list(g.arrivals) for g in work.gpus.values()}
-        else:
-            mapping, arrivals = search.relabel(work, snapshot)
-        try:
-            plan = _assemble(snapshot, mapping, arrivals, demand, unplaced, started, strategy)
-        except _AssemblyError:
-            continue
-        report(1.0, "done")
-        return plan
+            labellings.append((work.mapping(), {g.id: list(g.arrivals) for g in work.gpus.values()}))
+        labellings += [(search.keep_in_place(mapping, snapshot), arrivals) for mapping, arrivals in labellings]
+        plans = []
+        for mapping, arrivals in labellings:
+            try:
+                plans.append(_assemble(snapshot, mapping, arrivals, demand, unplaced, started, strategy))
+            except _AssemblyError:
+                continue
+        if plans:
+            report(1.0, "done")
+            return min(plans, key=lambda plan: len(plan.moves))
     try:
         plan = _assemble(snapshot, *base, demand, failed, started, "changes only")
     except _AssemblyError:

@@ -23,3 +23,14 @@ DEFAULT_PRESETS: dict[str, tuple[int, int, int, int, str]] = {
     "compositing": (8 * GIB, 1, 8, 32, "Medium user (RTX vWS sizing: 4Q-8Q, 8 vCPU)"),
     "other": (8 * GIB, 1, 8, 32, "Medium user (RTX vWS sizing: 4Q-8Q, 8 vCPU)"),
 }
+
+
+def load_presets(workflow_preset_model) -> None:
+    """Create the presets that do not exist; rows that exist are left as admins edited them.
+    Takes the model class so the data migration can pass its historical model."""
+    for workflow, (fb_mib, vgpus, vcpus, ram_gib, note) in DEFAULT_PRESETS.items():
+        workflow_preset_model.objects.get_or_create(
+            workflow=workflow,
+            defaults={"fb_mib": fb_mib, "series": "Q", "vgpus": vgpus, "vcpus": vcpus, "ram_gib": ram_gib,
+                      "note": note},
+        )

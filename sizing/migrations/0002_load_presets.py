@@ -4,15 +4,9 @@ from django.db import migrations
 
 
 def load_presets(apps, schema_editor):
-    from sizing.presets import DEFAULT_PRESETS
+    from sizing.presets import load_presets as load
 
-    WorkflowPreset = apps.get_model("sizing", "WorkflowPreset")
-    for workflow, (fb_mib, vgpus, vcpus, ram_gib, note) in DEFAULT_PRESETS.items():
-        WorkflowPreset.objects.get_or_create(
-            workflow=workflow,
-            defaults={"fb_mib": fb_mib, "series": "Q", "vgpus": vgpus, "vcpus": vcpus, "ram_gib": ram_gib,
-                      "note": note},
-        )
+    load(apps.get_model("sizing", "WorkflowPreset"))
 
 
 class Migration(migrations.Migration):
