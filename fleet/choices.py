@@ -56,3 +56,39 @@ class ResizeStatus(TextChoices):
     APPROVED = "approved", "Approved and applied"
     REJECTED = "rejected", "Rejected"
     CANCELLED = "cancelled", "Cancelled"
+
+
+class SchedulerPolicyName(TextChoices):
+    """The vGPU time-sliced scheduler's policies (vgpu-facts.md section 3)."""
+
+    BEST_EFFORT = "best_effort", "Best effort"
+    EQUAL_SHARE = "equal_share", "Equal share"
+    FIXED_SHARE = "fixed_share", "Fixed share"
+
+
+class SchedulerScope(TextChoices):
+    """What a scheduler policy row applies to: one GPU, or the default for a host or a model."""
+
+    GPU = "gpu", "GPU"
+    HOST = "host", "Host default"
+    GPU_MODEL = "gpu_model", "GPU model default"
+
+
+class SchedulerApplyState(TextChoices):
+    """Where a GPU's desired scheduler state stands against the driver."""
+
+    DESIRED = "desired", "Desired, not applied yet"
+    STAGED = "staged", "Staged until the GPU is empty or the driver reloads"
+    APPLYING = "applying", "Being applied through the agent"
+    APPLIED = "applied", "Applied"
+    FAILED = "failed", "Applying failed"
+
+
+class AuditSource(TextChoices):
+    """Where an audited change came from."""
+
+    WEB = "web", "Web page"
+    API = "api", "REST API"
+    ADMIN = "admin", "Admin site"
+    SYSTEM = "system", "System (worker, command)"
+    AGENT = "agent", "Agent"

@@ -12,7 +12,19 @@ from django.db import models
 from django.db.models import Q
 
 from fleet import placement
-from fleet.choices import GpuMode, Hypervisor, ResizeStatus, Series, SizeMode, UserType, Workflow
+from fleet.choices import (
+    AuditSource,
+    GpuMode,
+    Hypervisor,
+    ResizeStatus,
+    SchedulerApplyState,
+    SchedulerPolicyName,
+    SchedulerScope,
+    Series,
+    SizeMode,
+    UserType,
+    Workflow,
+)
 
 
 class GpuModel(models.Model):
@@ -149,6 +161,12 @@ class Gpu(models.Model):
     mode = models.CharField(max_length=12, choices=GpuMode.choices, default=GpuMode.VGPU)
     size_mode = models.CharField(max_length=8, choices=SizeMode.choices, default=SizeMode.EQUAL)
     created_at = models.DateTimeField(auto_now_add=True)
+    scheduler_reported = models.JSONField(
+        null=True, blank=True,
+        help_text="The scheduler state the agent last read (policy, arr_mode, avg_factor, timeslice_ms, "
+                  "frequency_hz); null where no agent reports it",
+    )
+    scheduler_reported_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["host__name", "pci_bus_id"]
@@ -270,6 +288,15 @@ class ResizeRequest(models.Model):
     decided_at = models.DateTimeField(null=True, blank=True)
     decision_comment = models.TextField(blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+    current_vgpus = models.PositiveSmallIntegerField(
+        default=1, help_text="How many vGPUs the VM held when the request was filed",
+    )
+    wished_from = models.DateTimeField(null=True, blank=True, help_text="Optional: when the artist would like it")
+    wished_until = models.DateTimeField(null=True, blank=True)
+    last_error = models.TextField(
+        blank=True, help_text="Why the last approval could not be applied (the request stays pending)",
+    )
 
     class Meta:
         ordering = ["-created_at", "-id"]
@@ -284,3 +311,101 @@ class ResizeRequest(models.Model):
 
     def __str__(self):
         return f"{self.vm.name} -> {self.requested_profile.name} ({self.get_status_display()})"
+
+
+class Notification(models.Model):
+    """An in-app message for one user (the same text also goes out by e-mail)."""
+
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="notifications")
+    created_at = models.DateTimeField(auto_now_add=True)
+    message = models.CharField(max_length=500)
+    url = models.CharField(max_length=300, blank=True, help_text="Where the message points (a path)")
+    read_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        indexes = [models.Index(fields=["user", "read_at"], name="notification_unread_idx")]
+
+    def __str__(self):
+        return f"{self.user}: {self.message[:60]}"
+
+
+class SchedulerPolicy(models.Model):
+    """Desired vGPU scheduler state for one GPU, or the default of a host or a GPU model.
+
+    A GPU's effective desired state is its own row, else its host's, else its model's, else the
+    driver's default (best effort). Validation and the commands that apply a policy live in
+    `fleet.scheduler` (pure); this row keeps what an admin asked for and how applying it went.
+    """
+
+    scope = models.CharField(max_length=10, choices=SchedulerScope.choices)
+    gpu = models.OneToOneField(Gpu, null=True, blank=True, on_delete=models.CASCADE, related_name="scheduler_policy",
+                               verbose_name="GPU")
+    host = models.OneToOneField(Host, null=True, blank=True, on_delete=models.CASCADE,
+                                related_name="scheduler_default")
+    gpu_model = models.OneToOneField(GpuModel, null=True, blank=True, on_delete=models.CASCADE,
+                                     related_name="scheduler_default", verbose_name="GPU model")
+    policy = models.CharField(max_length=12, choices=SchedulerPolicyName.choices,
+                              default=SchedulerPolicyName.BEST_EFFORT)
+    arr = models.BooleanField("adaptive round-robin", default=False)
+    frequency_hz = models.PositiveSmallIntegerField(null=True, blank=True, help_text="63-960 Hz, with ARR")
+    avg_factor = models.PositiveSmallIntegerField(null=True, blank=True, help_text="1-60, with ARR")
+    timeslice_ms = models.PositiveSmallIntegerField(null=True, blank=True, help_text="1-30 ms, without ARR")
+    apply_state = models.CharField(max_length=10, choices=SchedulerApplyState.choices,
+                                   default=SchedulerApplyState.DESIRED)
+    apply_detail = models.TextField(blank=True, help_text="Why staged, or what applying answered")
+    applied_at = models.DateTimeField(null=True, blank=True)
+    updated_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,
+                                   related_name="+")
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        verbose_name_plural = "scheduler policies"
+        constraints = [
+            models.CheckConstraint(condition=Q(scope__in=SchedulerScope.values), name="schedpolicy_scope_valid"),
+            models.CheckConstraint(condition=Q(policy__in=SchedulerPolicyName.values),
+                                   name="schedpolicy_policy_valid"),
+            models.CheckConstraint(
+                condition=(Q(scope="gpu", gpu__isnull=False, host__isnull=True, gpu_model__isnull=True)
+                           | Q(scope="host", gpu__isnull=True, host__isnull=False, gpu_model__isnull=True)
+                           | Q(scope="gpu_model", gpu__isnull=True, host__isnull=True, gpu_model__isnull=False)),
+                name="schedpolicy_one_target",
+            ),
+        ]
+
+    def __str__(self):
+        target = self.gpu or self.host or self.gpu_model
+        return f"{self.get_policy_display()} for {target}"
+
+
+class AuditEvent(models.Model):
+    """One change to the fleet: who, when, what, and the object before and after.
+
+    Written by `fleet.audit.record` in the same transaction as the change, so a change that
+    rolls back leaves no event and every committed change has one. `actor_name` keeps the
+    name when the user is later deleted.
+    """
+
+    at = models.DateTimeField(db_index=True)
+    actor = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,
+                              related_name="+")
+    actor_name = models.CharField(max_length=150, blank=True)
+    source = models.CharField(max_length=8, choices=AuditSource.choices, default=AuditSource.SYSTEM)
+    action = models.CharField(max_length=60, help_text="object type and verb, e.g. vgpu.place, resize_request.approve")
+    object_type = models.CharField(max_length=40)
+    object_id = models.CharField(max_length=40, blank=True)
+    object_repr = models.CharField(max_length=200, blank=True)
+    before = models.JSONField(null=True, blank=True)
+    after = models.JSONField(null=True, blank=True)
+    comment = models.TextField(blank=True)
+
+    class Meta:
+        ordering = ["-at", "-id"]
+        indexes = [
+            models.Index(fields=["object_type", "object_id", "at"], name="audit_object_idx"),
+            models.Index(fields=["action", "at"], name="audit_action_idx"),
+            models.Index(fields=["actor", "at"], name="audit_actor_idx"),
+        ]
+
+    def __str__(self):
+        return f"{self.at:%Y-%m-%d %H:%M} {self.actor_name or 'system'} {self.action} {self.object_repr}"
