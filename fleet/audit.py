@@ -27,6 +27,7 @@ from fleet.models import AuditEvent
 
 _request: contextvars.ContextVar = contextvars.ContextVar("audit_request", default=None)
 _override: contextvars.ContextVar = contextvars.ContextVar("audit_override", default=None)
+_suppressed: contextvars.ContextVar = contextvars.ContextVar("audit_suppressed", default=False)
 
 #: Fields never copied into an event (secrets and noise).
 SKIPPED_FIELDS = frozenset({"password", "token_hash", "token", "last_login"})
@@ -65,6 +66,17 @@ def acting_as(user=None, source: str = AuditSource.SYSTEM, name: str = ""):
         yield
     finally:
         _override.reset(token)
+
+
+@contextmanager
+def suppressed():
+    """Write no per-row events inside the block: for bulk paths (demo seeding) that record
+    one summary event instead of thousands nobody would read."""
+    token = _suppressed.set(True)
+    try:
+        yield
+    finally:
+        _suppressed.reset(token)
 
 
 def current_actor() -> tuple[Any, str, str]:
@@ -109,11 +121,13 @@ def changed(before: dict | None, after: dict | None) -> bool:
 
 def record(action: str, obj: models.Model | None = None, *, before: dict | None = None, after: dict | None = None,
            comment: str = "", object_type: str | None = None, object_id: Any = None,
-           object_repr: str | None = None) -> AuditEvent:
+           object_repr: str | None = None) -> AuditEvent | None:
     """Write one event for `action` ("<object type>.<verb>", e.g. "vgpu.place") on `obj`.
 
     `object_type`, `object_id` and `object_repr` default to the row's model name, primary key
     and str(); pass them for an object that no longer exists (after a delete)."""
+    if _suppressed.get():  # inside suppressed(): a bulk path records its own summary
+        return None
     user, source, name = current_actor()
     if obj is not None:
         object_type = object_type or obj._meta.model_name

@@ -29,7 +29,7 @@ from django.contrib.auth.hashers import make_password
 from django.db import transaction
 from django.db.models import Q, Sum
 
-from fleet import services
+from fleet import audit, services
 from fleet.choices import GpuMode, Hypervisor, SizeMode, UserType, Workflow
 from fleet.models import Artist, Gpu, GpuModel, Host, Vgpu, VgpuProfile, VirtualMachine
 from fleet.placement import PlacementError
@@ -518,9 +518,13 @@ def seed_demo(*, hosts: int = DEFAULT_HOSTS, gpu_models: Sequence[str] = DEFAULT
     new_password = artist_password or secrets.token_urlsafe(12)
     password_hash = make_password(new_password)
     with transaction.atomic():
-        for plan in plans:
-            _apply_host(plan, report, password_hash, reset_passwords=bool(artist_password))
-        report.admin_password = _ensure_admin(admin_username, admin_password)
+        # One summary event, not one per host, GPU, VM and vGPU (thousands for a studio).
+        with audit.suppressed():
+            for plan in plans:
+                _apply_host(plan, report, password_hash, reset_passwords=bool(artist_password))
+            report.admin_password = _ensure_admin(admin_username, admin_password)
+        audit.record("fleet.seed_demo", object_type="fleet", object_repr="demo fleet",
+                     after={"hosts": len(plans), "seed": report.seed})
     if artist_password or report.new_usernames:
         report.artist_password = new_password
     return report

@@ -15,7 +15,7 @@ from __future__ import annotations
 from django.db import IntegrityError, transaction
 from django.db.models import Sum
 
-from fleet import placement
+from fleet import audit, placement
 from fleet.models import Gpu, Host, Vgpu, VgpuProfile, VirtualMachine
 from fleet.placement import PlacementError, Violation
 
@@ -66,6 +66,16 @@ def _locked(model, pk, *related: str):
     return model.objects.select_for_update(of=("self",)).select_related(*related).get(pk=pk)
 
 
+def _record_save(object_type: str, obj, before: dict | None) -> None:
+    """An "<type>.create" event for a new row, "<type>.update" for a changed one; a save that
+    changed nothing leaves no event (the log lists changes, not form submissions)."""
+    after = audit.snapshot(obj)
+    if before is None:
+        audit.record(f"{object_type}.create", obj, after=after, object_type=object_type)
+    elif audit.changed(before, after):
+        audit.record(f"{object_type}.update", obj, before=before, after=after, object_type=object_type)
+
+
 def place_vgpu(vm: VirtualMachine, gpu: Gpu, profile: VgpuProfile) -> Vgpu:
     """Create a vGPU of `profile` on `gpu` for `vm`, or raise PlacementError / FleetConflict.
 
@@ -92,7 +102,9 @@ def place_vgpu(vm: VirtualMachine, gpu: Gpu, profile: VgpuProfile) -> Vgpu:
             if vm.host_id != host.pk:
                 vm.host = host
                 vm.save(update_fields=["host"])
-            return Vgpu.objects.create(vm=vm, gpu=gpu, profile=profile, placement_id=decision.placement_id)
+            vgpu = Vgpu.objects.create(vm=vm, gpu=gpu, profile=profile, placement_id=decision.placement_id)
+            audit.record("vgpu.place", vgpu, after=audit.snapshot(vgpu))
+            return vgpu
     except IntegrityError as exc:
         raise FleetConflict([Violation(
             placement.Rule.PLACEMENT_SLOT, f"GPU {gpu.label}: the slot was taken by another request meanwhile",
@@ -103,7 +115,9 @@ def remove_vgpu(vgpu: Vgpu) -> None:
     """Delete a vGPU; a VM left without vGPUs leaves its host (it no longer claims its capacity)."""
     with transaction.atomic():
         vm = _locked(VirtualMachine, vgpu.vm_id)
-        Vgpu.objects.filter(pk=vgpu.pk).delete()
+        deleted, _ = Vgpu.objects.filter(pk=vgpu.pk).delete()
+        if deleted:
+            audit.record("vgpu.remove", vgpu, before=audit.snapshot(vgpu))
         if not Vgpu.objects.filter(vm=vm).exists() and vm.host_id is not None:
             vm.host = None
             vm.save(update_fields=["host"])
@@ -125,6 +139,7 @@ def update_vm(vm: VirtualMachine, **fields) -> VirtualMachine:
     its host back would detach the VM from the host its vGPUs are on.
     """
     with transaction.atomic():
+        before = None
         row = VirtualMachine.objects.filter(pk=vm.pk).values("host_id").first() if vm.pk is not None else None
         if row is not None:
             if row["host_id"] is not None:
@@ -140,18 +155,21 @@ def update_vm(vm: VirtualMachine, **fields) -> VirtualMachine:
                 if violations:
                     raise PlacementError(violations)
             vm.host_id = locked.host_id
+            before = audit.snapshot(locked)
         for name, value in fields.items():
             setattr(vm, name, value)
         vm.save()
+        _record_save("vm", vm, before)
     return vm
 
 
 def update_gpu(gpu: Gpu, **fields) -> Gpu:
     """Create or change a GPU; its mode, size mode, host and model change only while it holds no vGPU."""
     with transaction.atomic():
-        current = gpu
+        current, before = gpu, None
         if gpu.pk is not None:
             current = _locked(Gpu, gpu.pk, "gpu_model")
+            before = audit.snapshot(current)
         # What is checked is what is written: `gpu` with `fields` applied (a caller may have set
         # them on the object already, or loaded it before another change it would write back).
         # Not fields.get(name, gpu.x): the default is evaluated even when unused, and a new
@@ -171,6 +189,7 @@ def update_gpu(gpu: Gpu, **fields) -> Gpu:
         for name, value in fields.items():
             setattr(gpu, name, value)
         gpu.save()
+        _record_save("gpu", gpu, before)
     return gpu
 
 
@@ -185,8 +204,10 @@ def update_host(host: Host, **fields) -> Host:
     default changed) can still be renamed or given more capacity.
     """
     with transaction.atomic():
+        before = None
         if host.pk is not None:
             locked = _locked(Host, host.pk)
+            before = audit.snapshot(locked)
             wanted = {name: fields.get(name, getattr(host, name)) for name in CAPACITY_FIELDS}
             shrinks = any(wanted[name] < getattr(locked, name) for name in CAPACITY_FIELDS)
             violations = placement.check_host_capacity(host_state(locked), **wanted) if shrinks else []
@@ -195,4 +216,5 @@ def update_host(host: Host, **fields) -> Host:
         for name, value in fields.items():
             setattr(host, name, value)
         host.save()
+        _record_save("host", host, before)
     return host

@@ -4,13 +4,14 @@
 
 from collections.abc import Callable
 
+from django.db import transaction
 from django.db.models import ProtectedError, QuerySet
 from django_filters.rest_framework import DjangoFilterBackend
 from drf_spectacular.utils import OpenApiResponse, extend_schema, extend_schema_view
 from rest_framework import mixins, viewsets
 from rest_framework.filters import OrderingFilter
 
-from fleet import filtersets, queries, services
+from fleet import audit, filtersets, queries, services
 from fleet.api import serializers
 from fleet.api.exceptions import Conflict, in_use_message
 from fleet.api.permissions import IsFleetAdminOrReadOnly
@@ -59,18 +60,43 @@ class FleetViewSetMixin:
         serializer.instance = self.get_queryset().get(pk=serializer.instance.pk)
 
     def perform_create(self, serializer) -> None:
-        serializer.save()
+        with transaction.atomic():
+            serializer.save()
+            if _audit_type(serializer.instance) not in CREATED_BY_SERVICES:
+                audit.record(f"{_audit_type(serializer.instance)}.create", serializer.instance,
+                             after=audit.snapshot(serializer.instance), object_type=_audit_type(serializer.instance))
         self._reload(serializer)
 
     def perform_update(self, serializer) -> None:
-        serializer.save()
+        with transaction.atomic():
+            before = audit.snapshot(serializer.instance)
+            serializer.save()
+            after = audit.snapshot(serializer.instance)
+            if _audit_type(serializer.instance) not in UPDATED_BY_SERVICES and audit.changed(before, after):
+                audit.record(f"{_audit_type(serializer.instance)}.update", serializer.instance,
+                             before=before, after=after, object_type=_audit_type(serializer.instance))
         self._reload(serializer)
 
     def perform_destroy(self, instance) -> None:
+        before, pk, name = audit.snapshot(instance), instance.pk, str(instance)
         try:
-            instance.delete()
+            with transaction.atomic():
+                instance.delete()
+                audit.record(f"{_audit_type(instance)}.delete", before=before, object_type=_audit_type(instance),
+                             object_id=pk, object_repr=name)
         except ProtectedError as exc:
             raise Conflict(in_use_message(exc, instance)) from exc
+
+
+#: Audit object types of models whose name is not the one the log uses.
+AUDIT_TYPES = {"virtualmachine": "vm", "gpumodel": "gpu_model", "vgpuprofile": "vgpu_profile"}
+
+
+def _audit_type(obj) -> str:
+    return AUDIT_TYPES.get(obj._meta.model_name, obj._meta.model_name)
+#: Saved through fleet.services, which records the change itself (the serializers' create/update).
+CREATED_BY_SERVICES = frozenset({"host", "gpu", "vgpu"})
+UPDATED_BY_SERVICES = frozenset({"host", "gpu", "vm"})
 
 
 class FleetViewSet(FleetViewSetMixin, viewsets.ModelViewSet):
