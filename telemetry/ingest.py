@@ -245,6 +245,7 @@ class _Batch:
         # Rows as tuples in *_SAMPLE_COLUMNS order, keyed like the unique constraints.
         self.gpu_samples: dict[tuple, tuple] = {}
         self.vgpu_samples: dict[tuple, tuple] = {}
+        self.schedulers: dict[int, dict] = {}  # GPU pk -> its scheduler reading in this batch
 
     def run(self) -> None:
         self._load()
@@ -252,6 +253,7 @@ class _Batch:
         for agent, report in self.items:
             self._map(agent, report)
         self._write_samples()
+        self._write_schedulers()
         self._write_drifts()
 
     # -- lookups ------------------------------------------------------------------------------
@@ -510,6 +512,8 @@ class _Batch:
                 gpu.pk, ts, reading.util_gpu, reading.util_mem, reading.fb_used_mib, reading.fb_total_mib,
                 reading.enc_util, reading.dec_util, reading.temp_c, reading.power_w, reading.sm_clock_mhz,
             )
+            if reading.scheduler is not None:
+                self.schedulers[gpu.pk] = reading.scheduler
             for vgpu_reading in reading.vgpus:
                 self._host_vgpu(agent, gpu, vgpu_reading, ts)
         for vgpu_reading in report.guest_vgpus:
@@ -576,6 +580,18 @@ class _Batch:
         )
 
     # -- writes -------------------------------------------------------------------------------
+
+    def _write_schedulers(self) -> None:
+        """Store each GPU's scheduler reading where it differs from the stored one: one read and at most
+        one bulk update per batch, so the hot ingest path pays nothing while the scheduler is unchanged.
+        `scheduler_reported_at` is therefore when the reading last changed."""
+        if not self.schedulers:
+            return
+        stored = dict(Gpu.objects.filter(pk__in=self.schedulers).values_list("pk", "scheduler_reported"))
+        changed = [Gpu(pk=pk, scheduler_reported=reading, scheduler_reported_at=self.now)
+                   for pk, reading in self.schedulers.items() if pk in stored and stored[pk] != reading]
+        if changed:
+            Gpu.objects.bulk_update(changed, ["scheduler_reported", "scheduler_reported_at"])
 
     def _write_samples(self) -> None:
         """Insert the samples not stored yet; a repeated or racing one is dropped by the unique key.

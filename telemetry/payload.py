@@ -81,6 +81,9 @@ class GpuReading:
     power_w: float | None
     sm_clock_mhz: float | None
     vgpus: list[VgpuReading] = field(default_factory=list)
+    # The vGPU scheduler reading (policy, arr_mode, avg_factor, timeslice_ms, frequency_hz), or None.
+    # Left out of ==: it is state stored on the GPU row, not part of a sample.
+    scheduler: dict | None = field(default=None, compare=False)
 
 
 @dataclass(slots=True)
@@ -259,7 +262,22 @@ def _gpu(obj: Any, path: str) -> GpuReading:
         sm_clock_mhz=check_number(obj["sm_clock_mhz"], path + ".sm_clock_mhz", 0, MAX_CLOCK_MHZ,
                                   "a number of MHz 0..100000"),
         vgpus=[_vgpu(v, f"{path}.vgpus[{i}]", fb_total) for i, v in enumerate(vgpus)],
+        scheduler=_scheduler(obj.get("scheduler"), path + ".scheduler"),
     )
+
+
+def _scheduler(value: Any, path: str) -> dict | None:
+    """The optional `scheduler` object of a GPU, with only its known keys, each checked."""
+    if value is None:
+        return None
+    obj = _object(value, path)
+    return {
+        "policy": check_str(obj.get("policy"), path + ".policy", MAX_SHORT),
+        "arr_mode": check_str(obj.get("arr_mode"), path + ".arr_mode", MAX_SHORT),
+        "avg_factor": check_number(obj.get("avg_factor"), path + ".avg_factor", 0, 1000, "a number 0..1000"),
+        "timeslice_ms": check_number(obj.get("timeslice_ms"), path + ".timeslice_ms", 0, 1000, "ms 0..1000"),
+        "frequency_hz": check_number(obj.get("frequency_hz"), path + ".frequency_hz", 0, 100_000, "Hz 0..100000"),
+    }
 
 
 def check_unique_uuids(gpus: list[GpuReading], what: str = "gpus") -> None:

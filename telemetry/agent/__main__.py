@@ -92,6 +92,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--token-file", required=True, metavar="PATH", help="file holding the bearer token that scrapers must present"
     )
+    parser.add_argument(
+        "--write-token-file",
+        metavar="PATH",
+        help="file holding the separate token that allows PUT /v1/gpus/<uuid>/scheduler; without it the agent "
+        "is read-only",
+    )
     parser.add_argument("--backend", choices=("nvml", "sim"), default="nvml")
     parser.add_argument(
         "--scenario",
@@ -123,13 +129,18 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         token = read_token(args.token_file)
+        write_token = read_token(args.write_token_file) if args.write_token_file else None
+        if write_token is not None and write_token == token:
+            raise ConfigError("the write token must differ from the read token")
         backend = make_backend(args.backend, args.scenario)
     except (ConfigError, ScenarioError) as exc:
         print(f"telemetry.agent: error: {exc}", file=sys.stderr)
         return 2
     hostname = args.hostname or getattr(backend, "hostname", None) or socket.gethostname()
     try:
-        server = AgentServer(args.listen, backend, token, hostname, idle_timeout_s=args.idle_timeout)
+        server = AgentServer(
+            args.listen, backend, token, hostname, idle_timeout_s=args.idle_timeout, write_token=write_token
+        )
     except OSError as exc:
         print(f"telemetry.agent: error: cannot listen on {args.listen[0]}:{args.listen[1]}: {exc}", file=sys.stderr)
         backend.close()

@@ -28,6 +28,8 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from .scheduler_write import SchedulerRefused, holds_vgpus_message
+
 logger = logging.getLogger(__name__)
 
 MIB = 1 << 20
@@ -37,6 +39,8 @@ VGPU_HOST_MODE = 3
 SCHEDULER_POLICIES = {0: "unknown", 1: "best_effort", 2: "equal_share", 3: "fixed_share"}
 ARR_MODES = {0: "default", 1: "disabled", 2: "enabled"}
 ARR_ENABLED = 2
+SCHEDULER_POLICY_NUMBERS = {"best_effort": 1, "equal_share": 2, "fixed_share": 3}
+NS_PER_MS = 1_000_000
 VM_ID_TYPES = {0: "domain", 1: "uuid"}
 
 # Protocol-v1 GPU fields filled per poll (null until a reader sets them).
@@ -156,6 +160,13 @@ class NvmlBackend:
         self._error = nvml.NVMLError
         self._permanent_codes = {nvml.NVML_ERROR_NOT_SUPPORTED, nvml.NVML_ERROR_FUNCTION_NOT_FOUND}
         self._not_found = nvml.NVML_ERROR_NOT_FOUND
+        self._write_statuses = {
+            nvml.NVML_ERROR_NOT_SUPPORTED: 501,
+            nvml.NVML_ERROR_FUNCTION_NOT_FOUND: 501,
+            nvml.NVML_ERROR_INVALID_ARGUMENT: 400,
+            nvml.NVML_ERROR_NO_PERMISSION: 403,
+            nvml.NVML_ERROR_IN_USE: 409,
+        }
         self._lock = threading.Lock()
         self._type_names: dict[int, str] = {}
         nvml.nvmlInit()
@@ -452,6 +463,50 @@ class NvmlBackend:
         if ret != nvml.NVML_SUCCESS:
             raise nvml.NVMLError(ret)
         return usage.value
+
+    def set_scheduler(self, uuid: str, settings: dict[str, Any]) -> dict[str, Any]:
+        """Apply scheduler `settings` (checked by `scheduler_write.parse_settings`) to GPU `uuid`
+        through nvmlDeviceSetVgpuSchedulerState (R535+); returns the state read back.
+
+        Refused with 409 while the GPU has active vGPUs: the driver only changes the scheduler of
+        an empty GPU. NVML errors map to HTTP: NOT_SUPPORTED / FUNCTION_NOT_FOUND 501 (no vGPU
+        manager, or a driver before R535), INVALID_ARGUMENT 400, NO_PERMISSION 403 (the agent
+        needs root), IN_USE 409, anything else 500. The time slice travels in ns.
+        """
+        nvml = self.nvml
+        gpu = next((g for g in self._gpus if self._uuid_of(g) == uuid), None)
+        if gpu is None:
+            raise SchedulerRefused(404, f"no GPU with UUID {uuid} on this host")
+        with self._lock:
+            try:
+                active = nvml.nvmlDeviceGetActiveVgpus(gpu.handle)
+                if active:
+                    raise SchedulerRefused(409, holds_vgpus_message(len(active)))
+                state = nvml.c_nvmlVgpuSchedulerSetState_t()
+                state.schedulerPolicy = SCHEDULER_POLICY_NUMBERS[settings["policy"]]
+                state.enableARRMode = 1 if settings["arr"] else 0
+                if settings["arr"]:
+                    # 0 leaves a parameter at the driver's default.
+                    state.schedulerParams.vgpuSchedDataWithARR.avgFactor = settings.get("avg_factor") or 0
+                    state.schedulerParams.vgpuSchedDataWithARR.frequency = settings.get("frequency_hz") or 0
+                else:
+                    state.schedulerParams.vgpuSchedData.timeslice = (settings.get("timeslice_ms") or 0) * NS_PER_MS
+                nvml.nvmlDeviceSetVgpuSchedulerState(gpu.handle, state)
+            except self._error as exc:
+                status = self._write_statuses.get(getattr(exc, "value", None), 500)
+                raise SchedulerRefused(status, f"NVML refused the scheduler change: {exc}") from exc
+            errors: dict[str, str] = {}
+            reading = self._scheduler(gpu, errors)
+        return reading or {"policy": settings["policy"], "errors": errors}
+
+    def _uuid_of(self, gpu: _Gpu) -> str | None:
+        """The GPU's UUID, read now if no collection has cached it yet."""
+        if gpu.identity.get("uuid") is None:
+            try:
+                gpu.identity["uuid"] = _text(self.nvml.nvmlDeviceGetUUID(gpu.handle))
+            except self._error:
+                return None
+        return gpu.identity["uuid"]
 
     def close(self) -> None:
         """nvmlShutdown, so a restarted agent in the same process (tests) initializes cleanly."""

@@ -8,6 +8,9 @@ Why it is written the way it is:
   sockets get TCP_NODELAY.
 - The bearer token is compared with hmac.compare_digest (no timing oracle), read once at
   start; /healthz answers without it so a load balancer or `docker compose` can probe.
+- Changing anything is a separate permission: PUT /v1/gpus/<uuid>/scheduler needs the WRITE
+  token (`--write-token-file`), never the read token, so a scraper's credential cannot change
+  the driver; an agent started without one answers 403 "read-only agent".
 - `server_bind` skips HTTPServer's reverse-DNS lookup of the listen address, which can
   stall agent start-up for seconds on hosts without DNS.
 """
@@ -17,6 +20,7 @@ from __future__ import annotations
 import hmac
 import json
 import logging
+import re
 import socket
 import socketserver
 import time
@@ -25,6 +29,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Protocol
 
 from . import __version__
+from .scheduler_write import SchedulerRefused, parse_settings
 
 logger = logging.getLogger(__name__)
 
@@ -32,6 +37,8 @@ METRICS_PATH = "/v1/metrics"
 HEALTH_PATH = "/healthz"
 KNOWN_PATHS = (METRICS_PATH, HEALTH_PATH)
 REALM = "vgpu-agent"
+SCHEDULER_PATH = re.compile(r"^/v1/gpus/(?P<uuid>[A-Za-z0-9-]{1,80})/scheduler$")
+MAX_BODY_BYTES = 4096
 
 
 class Backend(Protocol):
@@ -56,11 +63,14 @@ class AgentServer(ThreadingHTTPServer):
         hostname: str,
         *,
         idle_timeout_s: float = 120.0,
+        write_token: str | None = None,
     ):
         if ":" in address[0]:
             self.address_family = socket.AF_INET6
         self.backend = backend
         self.token = token.encode()
+        # None: a read-only agent (the default); scheduler changes are refused with 403.
+        self.write_token = write_token.encode() if write_token else None
         self.hostname = hostname
         # Longer than any sane scrape interval so pollers keep their connection, short
         # enough that abandoned connections do not pin a thread each for ever.
@@ -127,7 +137,43 @@ class AgentRequestHandler(BaseHTTPRequestHandler):
         self.close_connection = True
         self._send_json(405, {"error": f"method {self.command} not allowed; use GET"}, [("Allow", "GET")])
 
-    do_POST = do_PUT = do_PATCH = do_DELETE = do_HEAD = do_OPTIONS = do_TRACE = do_CONNECT = _method_not_allowed
+    def do_PUT(self) -> None:
+        match = SCHEDULER_PATH.match(self.path.split("?", 1)[0])
+        if match is None:
+            self._method_not_allowed()
+            return
+        # Whatever happens, the body is not parsed as the next request.
+        self.close_connection = True
+        if self.server.write_token is None:
+            self._send_json(403, {"error": "read-only agent: start it with --write-token-file to apply "
+                                           "scheduler changes"})
+            return
+        if not self._authorized(self.server.write_token):
+            return
+        apply = getattr(self.server.backend, "set_scheduler", None)
+        if apply is None:
+            self._send_json(501, {"error": f"the {self.server.backend.name} backend cannot change the scheduler"})
+            return
+        try:
+            length = int(self.headers.get("Content-Length") or 0)
+            if not 0 < length <= MAX_BODY_BYTES:
+                raise SchedulerRefused(400, f"send a JSON body of 1 to {MAX_BODY_BYTES} bytes")
+            try:
+                document = json.loads(self.rfile.read(length))
+            except ValueError:
+                raise SchedulerRefused(400, "the body is not valid JSON") from None
+            reading = apply(match["uuid"], parse_settings(document))
+        except SchedulerRefused as exc:
+            self._send_json(exc.status, {"error": exc.message})
+            return
+        except Exception:
+            logger.exception("scheduler change failed")
+            self._send_json(500, {"error": "scheduler change failed; see the agent's log"})
+            return
+        logger.info("scheduler of GPU %s set to %s", match["uuid"], document)
+        self._send_json(200, {"uuid": match["uuid"], "scheduler": reading})
+
+    do_POST = do_PATCH = do_DELETE = do_HEAD = do_OPTIONS = do_TRACE = do_CONNECT = _method_not_allowed
 
     def __getattr__(self, name: str) -> Any:
         # BaseHTTPRequestHandler answers 501 to a method without do_<METHOD>; the protocol says 405.
@@ -135,15 +181,16 @@ class AgentRequestHandler(BaseHTTPRequestHandler):
             return self._method_not_allowed
         raise AttributeError(name)
 
-    def _authorized(self) -> bool:
-        """True if the request carries the agent's bearer token; otherwise sends the 401."""
+    def _authorized(self, expected: bytes | None = None) -> bool:
+        """True if the request carries `expected` (the read token by default) as its bearer token;
+        otherwise sends the 401."""
         header = self.headers.get("Authorization")
         if header is None:
             self._send_json(401, {"error": "missing bearer token"}, [("WWW-Authenticate", f'Bearer realm="{REALM}"')])
             return False
         scheme, _, credentials = header.strip().partition(" ")
         presented = credentials.strip().encode("latin-1", "replace")
-        if scheme.lower() == "bearer" and hmac.compare_digest(presented, self.server.token):
+        if scheme.lower() == "bearer" and hmac.compare_digest(presented, expected or self.server.token):
             return True
         self._send_json(
             401,

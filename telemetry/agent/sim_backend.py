@@ -31,6 +31,7 @@ import time
 from typing import Any
 
 from .scenario import ScenarioError
+from .scheduler_write import SchedulerRefused, holds_vgpus_message, reported_state
 
 _LIGHT = "light_steady"
 _ANIMATION = "animation"
@@ -252,6 +253,19 @@ class SimBackend:
             "vgpus": vgpus,
             "errors": {},
         }
+
+    def set_scheduler(self, uuid: str, settings: dict[str, Any]) -> dict[str, Any]:
+        """Apply scheduler `settings` to the scenario's GPU `uuid` (its next readings show them),
+        refusing like the driver while the GPU holds vGPUs; returns the new reading."""
+        gpu = next((g for g in self.scenario["gpus"] if g["uuid"] == uuid), None)
+        if gpu is None:
+            raise SchedulerRefused(404, f"no GPU with UUID {uuid} on this host")
+        if gpu.get("virtualization_mode", "vgpu_host") != "vgpu_host":
+            raise SchedulerRefused(409, "the GPU is not in vGPU host mode; it has no vGPU scheduler")
+        if gpu.get("vgpus"):
+            raise SchedulerRefused(409, holds_vgpus_message(len(gpu["vgpus"])))
+        gpu["scheduler"] = reported_state(settings)
+        return {**DEFAULT_SCHEDULER, **gpu["scheduler"]}
 
     def close(self) -> None:
         """Nothing to release; present so the server can close any backend alike."""
