@@ -2,6 +2,9 @@
 
 from rest_framework.routers import DefaultRouter
 
+from fleet.api import audit as audit_api
+from fleet.api import requests as requests_api
+from fleet.api import scheduler as scheduler_api
 from fleet.api import views
 
 router = DefaultRouter()
@@ -12,5 +15,14 @@ router.register("gpus", views.GpuViewSet, basename="gpu")
 router.register("artists", views.ArtistViewSet, basename="artist")
 router.register("vms", views.VirtualMachineViewSet, basename="virtualmachine")
 router.register("vgpus", views.VgpuViewSet, basename="vgpu")
+# --- resize requests (fleet/api/requests.py) ---
+router.register("resize-requests", requests_api.ResizeRequestViewSet, basename="resizerequest")
+# --- scheduler policies (fleet/api/scheduler.py) ---
+# --- audit log (fleet/api/audit.py) ---
+router.register("audit-events", audit_api.AuditEventViewSet, basename="auditevent")
 
-urlpatterns = router.urls
+urlpatterns = [
+    # --- scheduler policies: gpus/{id}/scheduler/ (fleet/api/scheduler.py) ---
+    *scheduler_api.urlpatterns,
+    *router.urls,
+]

@@ -224,5 +224,6 @@ def test_query_count_does_not_grow_with_vms(client, db, django_assert_num_querie
         counts[n] = len(queries)
         assert len(re.findall(r'data-section="workstation"', body)) == n
     assert counts[2] == counts[12]
-    with django_assert_num_queries(7):  # session, user, artist, VMs, vGPUs, usage, agents
+    # session, user, artist, VMs, vGPUs, usage, agents, vGPU profiles and resize requests (the request form)
+    with django_assert_num_queries(9):
         me(client)

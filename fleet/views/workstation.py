@@ -8,12 +8,12 @@ preset to "the last few weeks"), long enough to see a working rhythm.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from django.contrib.auth.decorators import login_required
 
 from fleet.details import NO_USAGE, Usage, agents_by_host, gib, vm_usage, vms_with_vgpus
-from fleet.models import Artist, VirtualMachine
+from fleet.models import Artist, ResizeRequest, VgpuProfile, VirtualMachine
 from fleet.queries import is_fleet_admin
 from fleet.views.details import (
     Chart,
@@ -39,6 +39,8 @@ class Workstation:
     summary: list[str]
     charts: list[Chart]
     notices: list[Notice]
+    profile_choices: list = field(default_factory=list)  # profiles a resize request may ask for
+    requests: list = field(default_factory=list)  # this VM's resize requests, newest first
 
     @property
     def profile_fb_gib(self) -> float | None:
@@ -61,6 +63,15 @@ def workstation(request):
         vms = list(vms_with_vgpus(VirtualMachine.objects.filter(artist=artist)))
         usage = vm_usage([vm.pk for vm in vms], time_range.start, time_range.end) if vms else {}
         agents = agents_by_host({vm.host_id for vm in vms}) if vms else {}
+        # Two queries for every VM's request form and list (the page's query count must not grow with VMs).
+        profiles = list(VgpuProfile.objects.order_by("fb_mib", "name"))
+        requests_by_vm: dict[int, list[ResizeRequest]] = {}
+        for resize in ResizeRequest.objects.filter(vm__in=vms).select_related("requested_profile"):
+            requests_by_vm.setdefault(resize.vm_id, []).append(resize)
+
+        def models_of(vm: VirtualMachine) -> set[int]:
+            return {vgpu.profile.gpu_model_id for vgpu in vm.vgpus.all()}
+
         for vm in vms:
             profile_fb_mib = sum(vgpu.profile.fb_mib for vgpu in vm.vgpus.all())
             vm_agents = agents.get(vm.host_id, [])
@@ -71,6 +82,8 @@ def workstation(request):
                 summary=usage_sentences(used, profile_fb_mib, time_range),
                 charts=vm_charts(vm, profile_fb_mib, time_range, hint),
                 notices=agent_notices(vm_agents, staff),
+                profile_choices=[p for p in profiles if p.gpu_model_id in models_of(vm)],
+                requests=requests_by_vm.get(vm.pk, [])[:10],
             ))
     context = {"artist": artist, "workstations": workstations, "staff": staff}
     return render_page(request, "fleet/workstation.html", context, time_range, error)

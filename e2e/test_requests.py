@@ -1,0 +1,63 @@
+"""Resize requests in a real browser: an artist files one on /me/, an admin approves it on
+/requests/, and the artist sees the new profile and the notification."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from e2e.conftest import sign_in
+from fleet import requests as service
+from fleet.models import ResizeRequest, Vgpu, VgpuProfile
+
+pytestmark = pytest.mark.django_db(transaction=True, serialized_rollback=True)
+
+
+def _fitting_profile(vm, user) -> VgpuProfile:
+    """A profile of the VM's GPU model, other than its own, that fits somewhere now (asked, then forgotten)."""
+    current = Vgpu.objects.filter(vm=vm).select_related("profile").first().profile
+    for candidate in VgpuProfile.objects.filter(gpu_model=current.gpu_model).exclude(pk=current.pk).order_by("fb_mib"):
+        probe = service.file_request(vm, user, candidate, Vgpu.objects.filter(vm=vm).count(), "probe")
+        fit = service.fits(probe)
+        probe.delete()
+        if fit.where != "nowhere":
+            return candidate
+    pytest.fail(f"no other profile fits {vm.name}")
+
+
+def test_artist_files_admin_approves_artist_sees_it(page, demo_world, tmp_path):
+    out = Path(os.environ.get("SCREENSHOT_DIR") or tmp_path)
+    out.mkdir(parents=True, exist_ok=True)
+    artist = demo_world.artist
+    vm = artist.vms.filter(vgpus__isnull=False).order_by("name").first()
+    target = _fitting_profile(vm, artist.user)
+
+    sign_in(page, artist.user.username, next_path="/me/")
+    box = page.locator(f"[data-vm='{vm.pk}'] [data-section=requests]")
+    box.locator("select[name=requested_profile]").select_option(str(target.pk))
+    box.locator("input[name=reason]").fill("heavier scenes this month")
+    box.locator("button[type=submit]", has_text="Send request").click()
+    page.wait_for_load_state()
+    assert "Pending" in page.locator(f"[data-vm='{vm.pk}'] [data-section=requests] table").inner_text()
+    box.screenshot(path=str(out / "my-workstation-request.png"))
+    request = ResizeRequest.objects.get(vm=vm, status="pending")
+    page.context.clear_cookies()
+
+    sign_in(page, "admin", next_path="/requests/")
+    row = page.locator(f"[data-table=pending] tr[data-request='{request.pk}']")
+    assert target.name in row.inner_text()
+    page.screenshot(path=str(out / "requests.png"), full_page=True)
+    row.locator("input[name=comment]").fill("go ahead")
+    row.locator("button", has_text="Approve").click()
+    page.wait_for_load_state()
+    assert "approve done" in page.content()
+    page.context.clear_cookies()
+
+    sign_in(page, artist.user.username, next_path="/me/")
+    card = page.locator(f"[data-vm='{vm.pk}']")
+    assert target.name in card.locator("p.muted").first.inner_text()
+    assert "Approved and applied" in card.locator("[data-section=requests] table").inner_text()
+    page.goto("/notifications/")
+    assert "approved and applied" in page.locator("ul.notifications").inner_text()

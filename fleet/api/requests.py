@@ -1,0 +1,100 @@
+"""`resize-requests/`: artists file and cancel requests for their own VMs; admins approve or reject them."""
+
+from __future__ import annotations
+
+from django.db.models import QuerySet
+from drf_spectacular.utils import extend_schema, extend_schema_field
+from rest_framework import mixins, serializers, status, viewsets
+from rest_framework.decorators import action
+from rest_framework.exceptions import PermissionDenied, ValidationError
+from rest_framework.permissions import IsAuthenticated
+from rest_framework.response import Response
+
+from fleet import requests as service
+from fleet.api.permissions import IsFleetAdmin
+from fleet.models import ResizeRequest, VgpuProfile
+from fleet.queries import is_fleet_admin, visible_vms
+
+
+class ResizeRequestSerializer(serializers.ModelSerializer):
+    fits = serializers.SerializerMethodField(help_text="Where the request fits now: same_gpu, other_gpu, "
+                                                       "other_host or nowhere (n/a once decided)")
+    requested_profile = serializers.PrimaryKeyRelatedField(queryset=VgpuProfile.objects.all())
+
+    class Meta:
+        model = ResizeRequest
+        fields = ["id", "vm", "current_profile", "current_vgpus", "requested_profile", "requested_vgpus", "reason",
+                  "status", "requested_by", "decided_by", "decided_at", "decision_comment", "wished_from",
+                  "wished_until", "last_error", "created_at", "fits"]
+        read_only_fields = ["current_profile", "current_vgpus", "status", "requested_by", "decided_by",
+                            "decided_at", "decision_comment", "last_error", "created_at"]
+
+    @extend_schema_field({"type": "object", "properties": {
+        "where": {"type": "string"}, "gpus": {"type": "array", "items": {"type": "string"}},
+        "host": {"type": "string"}, "reason": {"type": "string"}}})
+    def get_fits(self, obj: ResizeRequest) -> dict:
+        if self.context.get("view") is None or self.context["view"].action != "retrieve":
+            return {"where": "", "gpus": [], "host": "", "reason": "see the request's detail"}
+        fit = service.fits(obj)
+        return {"where": fit.where, "gpus": list(fit.gpus), "host": fit.host, "reason": fit.reason}
+
+    def validate_vm(self, vm):
+        if not visible_vms(self.context["request"].user).filter(pk=vm.pk).exists():
+            raise PermissionDenied("You may only request changes for your own workstation.")
+        return vm
+
+
+class DecisionSerializer(serializers.Serializer):
+    comment = serializers.CharField(required=False, allow_blank=True, default="")
+
+
+class ResizeRequestViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.CreateModelMixin,
+                           viewsets.GenericViewSet):
+    """Artists see and file requests for their own VMs only; approve/reject are for admins."""
+
+    serializer_class = ResizeRequestSerializer
+    permission_classes = [IsAuthenticated]
+    filterset_fields = {"status": ["exact"], "vm": ["exact"], "vm__artist": ["exact"]}
+
+    def get_queryset(self) -> QuerySet[ResizeRequest]:
+        qs = ResizeRequest.objects.select_related("vm", "requested_profile").order_by("-created_at", "-id")
+        user = self.request.user
+        if getattr(self, "swagger_fake_view", False):
+            return qs.none()
+        return qs if is_fleet_admin(user) else qs.filter(vm__artist__user=user)
+
+    def perform_create(self, serializer):
+        data = serializer.validated_data
+        try:
+            serializer.instance = service.file_request(
+                data["vm"], self.request.user, data["requested_profile"], data.get("requested_vgpus", 1),
+                data.get("reason", ""), data.get("wished_from"), data.get("wished_until"))
+        except service.RequestError as exc:
+            raise ValidationError(exc.errors) from exc
+
+    def _decision(self, request, fn):
+        body = DecisionSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        result = fn(self.get_object(), request.user, body.validated_data["comment"])
+        return Response(ResizeRequestSerializer(result, context=self.get_serializer_context()).data)
+
+    @extend_schema(request=DecisionSerializer, responses={200: ResizeRequestSerializer})
+    @action(detail=True, methods=["post"], permission_classes=[IsFleetAdmin])
+    def approve(self, request, pk=None):
+        """Apply the request now (409 with the reason when nothing takes it; it stays pending)."""
+        return self._decision(request, service.approve)
+
+    @extend_schema(request=DecisionSerializer, responses={200: ResizeRequestSerializer})
+    @action(detail=True, methods=["post"], permission_classes=[IsFleetAdmin])
+    def reject(self, request, pk=None):
+        return self._decision(request, service.reject)
+
+    @extend_schema(request=None, responses={200: ResizeRequestSerializer})
+    @action(detail=True, methods=["post"])
+    def cancel(self, request, pk=None):
+        try:
+            result = service.cancel(self.get_object(), request.user)
+        except PermissionError as exc:
+            raise PermissionDenied(str(exc)) from exc
+        return Response(ResizeRequestSerializer(result, context=self.get_serializer_context()).data,
+                        status=status.HTTP_200_OK)
