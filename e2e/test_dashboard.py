@@ -161,6 +161,8 @@ SCREENSHOTS = [
     ("planner", "admin", "/sizing/planner/"),
     ("optimizer", "admin", "/sizing/optimizer/"),
     ("optimizer-run", "admin", "/sizing/optimizer/{run}/"),
+    ("scheduler", "admin", "/scheduler/"),
+    ("audit", "admin", "/audit/"),
     ("my-workstation", "artist", "/me/"),
 ]
 

@@ -72,10 +72,20 @@ class AuditEventFilter(django_filters.FilterSet):
         return qs.filter(Q(object_repr__icontains=value) | Q(comment__icontains=value))
 
 
+class AuditObjectSerializer(serializers.Serializer):
+    """What the event is about, in one field (the v1 contract's `object`)."""
+
+    type = serializers.CharField(source="object_type")
+    id = serializers.CharField(source="object_id")
+    repr = serializers.CharField(source="object_repr")
+
+
 class AuditEventSerializer(serializers.ModelSerializer):
+    object = AuditObjectSerializer(source="*", read_only=True)
+
     class Meta:
         model = AuditEvent
-        fields = ["id", "at", "actor", "actor_name", "source", "action", "object_type", "object_id",
+        fields = ["id", "at", "actor", "actor_name", "source", "action", "object", "object_type", "object_id",
                   "object_repr", "before", "after", "comment"]
         read_only_fields = fields
 

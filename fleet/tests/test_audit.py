@@ -96,6 +96,13 @@ def test_filters_by_action_actor_object_text_and_time(admin_api, admin_user, gpu
     assert "since" in bad.json()
 
 
+def test_each_event_names_its_object_in_one_field_as_the_v1_contract_says(admin_api, gpu):
+    vgpu = services.place_vgpu(VirtualMachineFactory(name="ws-audit-obj"), gpu, profile("RTX6000-12Q"))
+    row = admin_api.get("/api/v1/audit-events/?action=vgpu.place").json()["results"][0]
+    assert row["object"] == {"type": "vgpu", "id": str(vgpu.pk), "repr": str(vgpu)}
+    assert {"id", "at", "actor", "action", "before", "after"} <= set(row)
+
+
 def test_csv_export_has_the_columns_and_the_filtered_rows(admin_api, admin_user, gpu):
     with audit.acting_as(admin_user, "web"):
         services.update_host(gpu.host, name="host-csv")
