@@ -1,5 +1,6 @@
 """The scheduler page in Chromium: an admin picks fixed share without ARR, sees only the fields
-that apply, saves a 24 ms time slice and reads the exact commands; drift shows in the list."""
+that apply, saves a 24 ms time slice and reads the exact commands; drift shows in the list. The
+host's agent runs without a write token, so the page offers no "Apply" and says how to get one."""
 
 from __future__ import annotations
 
@@ -27,7 +28,14 @@ def gpu(admin_user):
 
 
 def test_admin_sets_fixed_share_with_a_time_slice_and_reads_the_commands(page, gpu):
+    from telemetry.models import Agent
+
+    Agent.objects.create(name="render-07-agent", url="http://render-07:9410", host=gpu.host)  # no write token
     sign_in(page, "admin", next_path=f"/scheduler/gpus/{gpu.pk}/")
+    assert page.inner_text('[data-apply="read-only"]').startswith(
+        "The agent of render-07 runs without a write token: apply the commands below by hand.")
+    assert "python manage.py scheduler_write_token render-07-agent" in page.inner_text('[data-apply="read-only"]')
+    assert page.locator('[data-form="apply"]').count() == 0
 
     page.select_option("#id_policy", "fixed_share")
     assert page.is_visible('[data-field="arr"]')
@@ -52,4 +60,4 @@ def test_admin_sets_fixed_share_with_a_time_slice_and_reads_the_commands(page, g
     page.goto("/scheduler/?drift=1")
     assert page.inner_text(f'[data-gpu="{gpu.pk}"] [data-cell="drift"]').startswith("drift:")
     if os.environ.get("SCREENSHOT_DIR"):
-        page.screenshot(path=os.path.join(os.environ["SCREENSHOT_DIR"], "scheduler-list.png"), full_page=True)
+        page.screenshot(path=os.path.join(os.environ["SCREENSHOT_DIR"], "scheduler-drift.png"), full_page=True)

@@ -10,7 +10,8 @@ this module reads and writes `SchedulerPolicy` rows around them:
   empty, and into `applied` once the agent reports them in force (e.g. after a driver reload
   with the RmPVMRL key). It runs on the read paths (the scheduler page and API), not from a
   hook where vGPUs are removed, because that code belongs to the placement services;
-- applying through the agent is an inline HTTP PUT with the agent's short timeout; the answer
+- applying through the agent is an inline HTTP PUT with the agent's short timeout, offered only
+  where the agent's last report said it holds a write token (`Agent.scheduler_write`); the answer
   lands in apply_state / apply_detail / applied_at with a "scheduler_policy.apply" audit event.
 
 The agent's write token is derived like its read token (HMAC of AGENT_TOKEN_KEY and the agent's
@@ -174,7 +175,9 @@ def set_gpu_policy(gpu: Gpu, values: SchedulerSettings, user=None) -> SchedulerP
     row is locked so a placement cannot slip in between the count and the write.
     """
     with transaction.atomic():
-        locked = Gpu.objects.select_for_update().select_related("host").get(pk=gpu.pk)
+        # Only the GPU row: place_vgpu locks host then GPU, so also locking the joined host here
+        # (one statement, no defined order) could deadlock with it.
+        locked = Gpu.objects.select_for_update(of=("self",)).get(pk=gpu.pk)
         if locked.mode != GpuMode.VGPU:
             raise SchedulerValidationError([FieldError("policy", "The GPU is in passthrough mode; only a GPU in "
                                                                  "vGPU mode has a vGPU scheduler.")])
@@ -252,11 +255,26 @@ def agent_write_token(agent) -> str:
 
 
 def agent_for(gpu: Gpu):
-    """The enabled fleet agent (kind nvml, polled) of the GPU's host, or None."""
+    """The enabled fleet agent (kind nvml, polled) of the GPU's host, or None; one that said it
+    holds a write token (Agent.scheduler_write) comes first."""
     from telemetry.models import Agent, AgentKind
 
     return (Agent.objects.filter(host_id=gpu.host_id, enabled=True, kind=AgentKind.NVML).exclude(url="")
-            .order_by("name").first())
+            .order_by("-scheduler_write", "name").first())
+
+
+def read_only_message(agent, host_name: str) -> str:
+    """Why an agent cannot apply a policy: it reports no write token. Names the command whose
+    output goes into the agent's --write-token-file."""
+    return (f"The agent of {host_name} runs without a write token: apply the commands by hand, or restart "
+            f"{agent.name} with --write-token-file holding the output of "
+            f"`python manage.py scheduler_write_token {agent.name}`.")
+
+
+def agent_can_apply(gpu: Gpu, agent) -> bool:
+    """Whether "Apply through the agent" can work for `gpu`: its host's agent holds a write token
+    (as of its last report) and the GPU has a UUID to address it by."""
+    return bool(gpu.uuid) and agent is not None and agent.scheduler_write
 
 
 @dataclass
@@ -286,19 +304,24 @@ def put_scheduler(agent, gpu_uuid: str, values: SchedulerSettings) -> AgentAnswe
 
 
 class AgentUnavailable(Exception):
-    """No agent can apply the policy (none on the host, or the GPU has no UUID)."""
+    """No agent can apply the policy (none on the host, it runs without a write token, or the GPU
+    has no UUID)."""
 
 
 def apply_through_agent(gpu: Gpu, user=None) -> SchedulerPolicy:
     """Apply the GPU's effective policy through its host's agent and record the outcome.
 
-    An inherited policy is first copied into the GPU's own row, which keeps the outcome. 200 ->
+    Only an agent whose last report said it holds a write token is asked (AgentUnavailable
+    otherwise, with nothing written). An inherited policy is first copied into the GPU's own row,
+    which keeps the outcome. 200 ->
     applied (and the reading the agent returns becomes the reported state); 409 (vGPUs on the GPU)
     -> staged with the agent's reason; anything else -> failed with what the agent said.
     """
     agent = agent_for(gpu)
     if agent is None:
         raise AgentUnavailable(f"No enabled fleet agent polls host {gpu.host.name}; apply the commands by hand.")
+    if not agent.scheduler_write:
+        raise AgentUnavailable(read_only_message(agent, gpu.host.name))
     if not gpu.uuid:
         raise AgentUnavailable("The GPU has no UUID yet (no agent reading); apply the commands by hand.")
     view = gpu_scheduler(gpu)

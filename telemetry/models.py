@@ -76,6 +76,11 @@ class Agent(models.Model):
     last_error_at = models.DateTimeField(null=True, blank=True)
     consecutive_failures = models.PositiveIntegerField(default=0)
     clock_skew_s = models.FloatField(null=True, blank=True, help_text="Agent clock minus ours at last poll")
+    scheduler_write = models.BooleanField(
+        default=False, editable=False,
+        help_text="The agent said in its last accepted report that it holds a write token (--write-token-file), "
+                  "so the dashboard may apply scheduler policies through it",
+    )
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:

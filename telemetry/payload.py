@@ -99,6 +99,9 @@ class Report:
     collected_at: float
     gpus: list[GpuReading]
     guest_vgpus: list[VgpuReading] = field(default_factory=list)
+    # Whether a fleet agent accepts scheduler changes (started with --write-token-file); None for
+    # sources that say nothing about it (dcgm-exporter, nvidia-smi documents).
+    scheduler_write: bool | None = None
 
 
 # -- names -----------------------------------------------------------------------------------
@@ -308,6 +311,9 @@ def parse_agent_payload(data: bytes | str | dict) -> Report:
     check_str(agent["version"], "agent.version", MAX_SHORT, required=True)
     hostname = check_str(agent["hostname"], "agent.hostname", MAX_HOSTNAME, required=True)
     backend = check_str(agent["backend"], "agent.backend", MAX_SHORT, required=True)
+    scheduler_write = agent.get("scheduler_write", False)
+    if type(scheduler_write) is not bool:
+        raise PayloadError(f"agent.scheduler_write: expected true or false, got {show(scheduler_write)}")
     collected_at = top["collected_at"]
     if not ((type(collected_at) is int or type(collected_at) is float) and 0 < collected_at < 1e11):
         raise PayloadError(f"collected_at: expected Unix seconds (a positive number), got {show(collected_at)}")
@@ -315,4 +321,4 @@ def parse_agent_payload(data: bytes | str | dict) -> Report:
     check_unique_uuids(gpus)
     physical, guest = split_guest_vgpus(gpus, hostname)
     return Report(hostname=hostname, backend=backend, collected_at=float(collected_at), gpus=physical,
-                  guest_vgpus=guest)
+                  guest_vgpus=guest, scheduler_write=scheduler_write)

@@ -67,7 +67,9 @@ class GpuSchedulerSerializer(serializers.Serializer):
     apply_state = serializers.ChoiceField(choices=SchedulerApplyState.choices)
     apply_detail = serializers.CharField(allow_blank=True)
     applied_at = serializers.DateTimeField(allow_null=True)
-    agent_can_apply = serializers.BooleanField()
+    agent_can_apply = serializers.BooleanField(
+        help_text="apply/ can work: the host's agent reports a write token (--write-token-file) and the GPU has a "
+                  "UUID; otherwise apply the commands by hand")
     commands = CommandsSerializer()
 
 
@@ -97,7 +99,7 @@ def gpu_scheduler_data(view: scheduler_policies.GpuScheduler) -> dict:
         "apply_state": view.apply_state,
         "apply_detail": view.apply_detail,
         "applied_at": row.applied_at if row else None,
-        "agent_can_apply": bool(view.gpu.uuid) and scheduler_policies.agent_for(view.gpu) is not None,
+        "agent_can_apply": scheduler_policies.agent_can_apply(view.gpu, scheduler_policies.agent_for(view.gpu)),
         "commands": {"runtime": commands.runtime, "rmpvmrl": commands.rmpvmrl,
                      "persistent": [{"label": label, "line": line} for label, line in commands.persistent],
                      "notes": commands.notes},

@@ -8,27 +8,38 @@ from fleet.scheduler import SchedulerSettings as S
 
 GPU = "00000000:86:00.0"
 
-# (settings, nvidia-smi line, RmPVMRL) for every policy / ARR / time slice combination.
+SMI = f"nvidia-smi vgpu -i {GPU} set-scheduler-state"
+RUNTIME_NOTE = ("The nvidia-smi line needs no vGPU on the GPU and lasts until the driver reloads; the RmPVMRL line "
+                "takes effect at the next driver reload or reboot.")
+
+# Every combination of policy x ARR x (with ARR: frequency and averaging factor set or blank;
+# without: time slice set or blank), with the exact nvidia-smi line (-ts in ns), the RmPVMRL value
+# (vgpu-facts.md section 3: 0x00, 0x01, 0x03, 0x11, 0x13; a time slice in ms in bits 16-23 over
+# 0x01 / 0x11 as in its examples 0x00030001 and 0x00180011), and whether the ARR parameters are
+# flagged as lost at a driver reload (RmPVMRL has no encoding for them).
 COMBINATIONS = [
-    (S("best_effort"), f"nvidia-smi vgpu -i {GPU} set-scheduler-state -p 1 -a 0", "0x00"),
-    (S("equal_share", arr=True), f"nvidia-smi vgpu -i {GPU} set-scheduler-state -p 2 -a 1", "0x01"),
-    (S("equal_share", arr=True, frequency_hz=480, avg_factor=33),
-     f"nvidia-smi vgpu -i {GPU} set-scheduler-state -p 2 -a 1 -asf 480 -aavg 33", "0x01"),
-    (S("equal_share"), f"nvidia-smi vgpu -i {GPU} set-scheduler-state -p 2 -a 0", "0x03"),
-    (S("equal_share", timeslice_ms=3),
-     f"nvidia-smi vgpu -i {GPU} set-scheduler-state -p 2 -a 0 -ts 3000000", "0x00030001"),
-    (S("fixed_share", arr=True), f"nvidia-smi vgpu -i {GPU} set-scheduler-state -p 3 -a 1", "0x11"),
-    (S("fixed_share", arr=True, frequency_hz=960, avg_factor=60),
-     f"nvidia-smi vgpu -i {GPU} set-scheduler-state -p 3 -a 1 -asf 960 -aavg 60", "0x11"),
-    (S("fixed_share"), f"nvidia-smi vgpu -i {GPU} set-scheduler-state -p 3 -a 0", "0x13"),
-    (S("fixed_share", timeslice_ms=24),
-     f"nvidia-smi vgpu -i {GPU} set-scheduler-state -p 3 -a 0 -ts 24000000", "0x00180011"),
+    (S("best_effort"), f"{SMI} -p 1 -a 0", "0x00", False),
+    (S("equal_share", arr=True), f"{SMI} -p 2 -a 1", "0x01", False),
+    (S("equal_share", arr=True, frequency_hz=480), f"{SMI} -p 2 -a 1 -asf 480", "0x01", True),
+    (S("equal_share", arr=True, avg_factor=33), f"{SMI} -p 2 -a 1 -aavg 33", "0x01", True),
+    (S("equal_share", arr=True, frequency_hz=480, avg_factor=33), f"{SMI} -p 2 -a 1 -asf 480 -aavg 33", "0x01", True),
+    (S("equal_share"), f"{SMI} -p 2 -a 0", "0x03", False),
+    (S("equal_share", timeslice_ms=3), f"{SMI} -p 2 -a 0 -ts 3000000", "0x00030001", False),
+    (S("equal_share", timeslice_ms=30), f"{SMI} -p 2 -a 0 -ts 30000000", "0x001E0001", False),
+    (S("fixed_share", arr=True), f"{SMI} -p 3 -a 1", "0x11", False),
+    (S("fixed_share", arr=True, frequency_hz=960), f"{SMI} -p 3 -a 1 -asf 960", "0x11", True),
+    (S("fixed_share", arr=True, avg_factor=60), f"{SMI} -p 3 -a 1 -aavg 60", "0x11", True),
+    (S("fixed_share", arr=True, frequency_hz=63, avg_factor=1), f"{SMI} -p 3 -a 1 -asf 63 -aavg 1", "0x11", True),
+    (S("fixed_share"), f"{SMI} -p 3 -a 0", "0x13", False),
+    (S("fixed_share", timeslice_ms=24), f"{SMI} -p 3 -a 0 -ts 24000000", "0x00180011", False),
+    (S("fixed_share", timeslice_ms=1), f"{SMI} -p 3 -a 0 -ts 1000000", "0x00010011", False),
 ]
 
 
-@pytest.mark.parametrize(("wanted", "runtime", "value"), COMBINATIONS)
-def test_commands_of_every_combination_match_the_reference(wanted, runtime, value):
+@pytest.mark.parametrize(("wanted", "runtime", "value", "arr_not_persistent"), COMBINATIONS)
+def test_commands_of_every_combination_match_the_reference(wanted, runtime, value, arr_not_persistent):
     assert scheduler.validate(wanted) == []
+    notes = [RUNTIME_NOTE] + ([scheduler.NOT_PERSISTENT_ARR] if arr_not_persistent else [])
     kvm = scheduler.commands(wanted, GPU, "kvm", pci_bus_id=GPU)
     assert kvm.runtime == runtime
     assert kvm.rmpvmrl == value
@@ -38,12 +49,35 @@ def test_commands_of_every_combination_match_the_reference(wanted, runtime, valu
         ("/etc/modprobe.d/nvidia.conf (this GPU only)",
          f'options nvidia NVreg_RegistryDwordsPerDevice="pci=0000:86:00.0;RmPVMRL={value}"'),
     ]
-    esxi = scheduler.commands(wanted, GPU, "esxi")
+    assert kvm.notes == notes
+    esxi = scheduler.commands(wanted, GPU, "esxi", pci_bus_id=GPU)
     assert esxi.runtime == runtime
     assert esxi.persistent == [(
         "ESXi (all GPUs of the host)",
         f'esxcli system module parameters set -m nvidia -p "NVreg_RegistryDwords=RmPVMRL={value}"',
     )]
+    assert esxi.notes == notes
+
+
+def test_the_table_covers_every_combination():
+    """policy x ARR x each optional parameter set or blank: a combination missing from the table
+    would ship commands nobody checked against the reference."""
+    def shape(s):
+        return (s.policy, s.arr, s.frequency_hz is not None, s.avg_factor is not None, s.timeslice_ms is not None)
+
+    covered = {shape(wanted) for wanted, *_ in COMBINATIONS}
+    expected = {("best_effort", False, False, False, False)}
+    for policy in ("equal_share", "fixed_share"):
+        expected |= {(policy, True, freq, avg, False) for freq in (False, True) for avg in (False, True)}
+        expected |= {(policy, False, False, False, ts) for ts in (False, True)}
+    assert covered == expected
+
+
+def test_kvm_without_a_pci_bus_id_gets_only_the_host_wide_line():
+    kvm = scheduler.commands(S("equal_share", arr=True), 0, "kvm")
+    assert kvm.runtime == "nvidia-smi vgpu -i 0 set-scheduler-state -p 2 -a 1"
+    assert kvm.persistent == [("/etc/modprobe.d/nvidia.conf (all GPUs of the host)",
+                               'options nvidia NVreg_RegistryDwords="RmPVMRL=0x01"')]
 
 
 def test_reference_examples_of_rmpvmrl_values():

@@ -140,3 +140,47 @@ def test_apply_without_an_agent_is_a_409_with_the_reason(admin_api, gpu):
 
 def test_unknown_gpu_is_404(admin_api, db):
     assert admin_api.get("/api/v1/gpus/999999/scheduler/").status_code == 404
+
+
+@pytest.mark.parametrize(("body", "expected"), [
+    ({"policy": "round_robin"}, {"policy": ['"round_robin" is not a valid choice.']}),
+    ({"arr": True}, {"policy": ["This field is required."]}),
+    ({"policy": "equal_share", "arr": True, "frequency_hz": "fast"},
+     {"frequency_hz": ["A valid integer is required."]}),
+    ({"policy": "best_effort", "arr": True},
+     {"arr": ["Adaptive round-robin applies only to equal share and fixed share, not to best effort."]}),
+    ({"policy": "best_effort", "timeslice_ms": 2},
+     {"timeslice_ms": ["A time slice applies only to equal share and fixed share, not to best effort."]}),
+    ({"policy": "equal_share", "frequency_hz": 480},
+     {"frequency_hz": ["The scheduling frequency applies only with adaptive round-robin on."]}),
+    ({"policy": "equal_share", "avg_factor": 33},
+     {"avg_factor": ["The averaging factor applies only with adaptive round-robin on."]}),
+    ({"policy": "fixed_share", "arr": True, "timeslice_ms": 2},
+     {"timeslice_ms": ["A time slice applies only with adaptive round-robin off; with ARR the scheduling frequency "
+                       "sets the slice."]}),
+    ({"policy": "equal_share", "arr": True, "frequency_hz": 62},
+     {"frequency_hz": ["The scheduling frequency must be 63-960 Hz, not 62."]}),
+    ({"policy": "equal_share", "arr": True, "avg_factor": 61},
+     {"avg_factor": ["The averaging factor must be 1-60, not 61."]}),
+    ({"policy": "fixed_share", "timeslice_ms": 31}, {"timeslice_ms": ["The time slice must be 1-30 ms, not 31."]}),
+])
+def test_every_rule_answers_400_with_its_message(admin_api, gpu, body, expected):
+    for route in routes(gpu):
+        response = admin_api.put(route, body, format="json")
+        assert (response.status_code, response.json()) == (400, expected), route
+    assert not SchedulerPolicy.objects.exists()
+
+
+def test_fixed_share_on_a_mixed_size_gpu_and_a_passthrough_gpu_are_400_with_the_reason(admin_api, gpu):
+    gpu.size_mode = "mixed"
+    gpu.save()
+    response = admin_api.put(f"/api/v1/gpus/{gpu.pk}/scheduler/", {"policy": "fixed_share", "arr": True},
+                             format="json")
+    assert (response.status_code, response.json()) == (400, {"policy": [
+        "Fixed share is impossible in mixed-size mode: it gives each vGPU 1/(its type's max count), which needs "
+        "vGPUs of one size. Use equal share, or switch the GPU to equal-size mode."]})
+    passthrough = GpuFactory(host=gpu.host, mode="passthrough", pci_bus_id="00000000:87:00.0")
+    response = admin_api.put(f"/api/v1/gpus/{passthrough.pk}/scheduler/", {"policy": "equal_share"}, format="json")
+    assert (response.status_code, response.json()) == (400, {"policy": [
+        "The GPU is in passthrough mode; only a GPU in vGPU mode has a vGPU scheduler."]})
+    assert not SchedulerPolicy.objects.exists()

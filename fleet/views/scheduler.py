@@ -91,6 +91,7 @@ def scheduler_gpu(request, pk: int):
     agent = scheduler_policies.agent_for(gpu)
     return render(request, "fleet/scheduler_gpu.html", {
         "gpu": gpu, "view": view, "form": form, "commands": view.commands, "agent": agent,
+        "agent_can_apply": scheduler_policies.agent_can_apply(gpu, agent),
         "passthrough": gpu.mode != GpuMode.VGPU,
     }, status=400 if form.is_bound else 200)
 

@@ -1,7 +1,11 @@
 """Command line of the host agent.
 
     python -m telemetry.agent --listen 0.0.0.0:9410 --token-file /etc/vgpu-agent/token \\
-        [--backend nvml|sim] [--scenario FILE] [--hostname NAME]
+        [--write-token-file /etc/vgpu-agent/write-token] [--backend nvml|sim] [--scenario FILE] [--hostname NAME]
+
+With --write-token-file the agent also accepts PUT /v1/gpus/<uuid>/scheduler from holders of that
+second token (`python manage.py scheduler_write_token <agent>` prints it) and says
+`"scheduler_write": true` in its metrics, so the dashboard offers to apply policies through it.
 
 Configuration problems (token file missing or empty, NVML unavailable, bad scenario, port
 in use) end the process with exit status 2 and one line saying what to fix, because the

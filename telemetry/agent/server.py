@@ -10,7 +10,9 @@ Why it is written the way it is:
   start; /healthz answers without it so a load balancer or `docker compose` can probe.
 - Changing anything is a separate permission: PUT /v1/gpus/<uuid>/scheduler needs the WRITE
   token (`--write-token-file`), never the read token, so a scraper's credential cannot change
-  the driver; an agent started without one answers 403 "read-only agent".
+  the driver; an agent started without one answers 403 "read-only agent". An agent holding one
+  says so in its metrics (`"agent": {..., "scheduler_write": true}`), and the dashboard offers
+  to apply through it only then.
 - `server_bind` skips HTTPServer's reverse-DNS lookup of the listen address, which can
   stall agent start-up for seconds on hosts without DNS.
 """
@@ -93,11 +95,12 @@ class AgentServer(ThreadingHTTPServer):
         """The JSON document of GET /v1/metrics, collected now."""
         collected_at = time.time()
         gpus = self.backend.collect(collected_at)
-        document = {
-            "agent": {"version": __version__, "hostname": self.hostname, "backend": self.backend.name},
-            "collected_at": collected_at,
-            "gpus": gpus,
-        }
+        agent: dict[str, Any] = {"version": __version__, "hostname": self.hostname, "backend": self.backend.name}
+        if self.write_token is not None:
+            # Added in protocol v1 without a version bump: absent (older or read-only agents) means
+            # false, so the dashboard offers to apply scheduler policies only through this agent.
+            agent["scheduler_write"] = True
+        document = {"agent": agent, "collected_at": collected_at, "gpus": gpus}
         return json.dumps(document, separators=(",", ":")).encode()
 
 

@@ -1,23 +1,33 @@
 """The agent's scheduler write path over real HTTP on loopback: the agent server with the sim
-backend, and the dashboard applying a GPU's policy through it (fleet.scheduler_policies)."""
+backend, the collector learning from its metrics whether it holds a write token, and the
+dashboard applying a GPU's policy through it (fleet.scheduler_policies)."""
 
 import http.client
 import json
+import re
+import signal
+import subprocess
+from types import SimpleNamespace
 
 import pynvml
 import pytest
+from django.test import Client
+from rest_framework.test import APIClient
 
 from fleet.models import AuditEvent, Gpu, SchedulerPolicy
 from fleet.scheduler import SchedulerSettings as S
-from fleet.scheduler_policies import agent_write_token, apply_through_agent, set_gpu_policy
+from fleet.scheduler_policies import AgentUnavailable, agent_write_token, apply_through_agent, set_gpu_policy
+from telemetry import collect
 from telemetry.agent.nvml_backend import NvmlBackend
 from telemetry.agent.scenario import build_scenario
 from telemetry.agent.scheduler_write import SchedulerRefused
 from telemetry.agent.server import AgentServer
 from telemetry.agent.sim_backend import SimBackend
 from telemetry.demo import host_scenario
+from telemetry.fetch import ConnectionPool
 from telemetry.ingest import store_reports
-from telemetry.payload import parse_agent_payload
+from telemetry.models import Agent
+from telemetry.payload import PayloadError, Report, parse_agent_payload
 from telemetry.tests.fake_nvml import FakeNvml, vgpu_host
 from telemetry.tests.loopback import inventory_host, polled_agent, serving
 
@@ -34,12 +44,14 @@ def scenario(vgpus: int = 0) -> dict:
 
 
 def put(server, body, token: str | None = WRITE, uuid: str = UUID):
+    """PUT `body` (JSON-encoded, or bytes sent as they are) to the agent; (status, decoded answer)."""
     conn = http.client.HTTPConnection(*server.server_address[:2], timeout=5)
     headers = {"Content-Type": "application/json"}
     if token is not None:
         headers["Authorization"] = f"Bearer {token}"
+    raw = body if isinstance(body, bytes) else json.dumps(body).encode()
     try:
-        conn.request("PUT", f"/v1/gpus/{uuid}/scheduler", body=json.dumps(body).encode(), headers=headers)
+        conn.request("PUT", f"/v1/gpus/{uuid}/scheduler", body=raw, headers=headers)
         response = conn.getresponse()
         return response.status, json.loads(response.read())
     finally:
@@ -94,8 +106,25 @@ def test_wrong_or_missing_write_token_is_401(token):
     ({"policy": "best_effort", "arr": True}, "best effort has no adaptive round-robin"),
     ({"policy": "equal_share", "arr": True, "frequency_hz": 1000}, "frequency_hz must be an integer from 63 to 960"),
     ({"policy": "equal_share", "arr": True, "timeslice_ms": 3}, "timeslice_ms applies only with arr off"),
+    ({"policy": "equal_share", "frequency_hz": 480}, "frequency_hz and avg_factor apply only with arr on"),
+    ({"policy": "equal_share", "arr": "yes"}, "arr must be true or false"),
+    ({"policy": "equal_share", "arr": True, "avg_factor": 61}, "avg_factor must be an integer from 1 to 60"),
+    ({"policy": "fixed_share", "timeslice_ms": 31}, "timeslice_ms must be an integer from 1 to 30"),
+    ({"policy": "fixed_share", "timeslice_ms": True}, "timeslice_ms must be an integer from 1 to 30"),
+    (["equal_share"], "the body must be a JSON object"),
 ])
 def test_bad_settings_are_400(body, error):
+    with agent() as server:
+        status, answer = put(server, body)
+    assert (status, answer) == (400, {"error": error})
+
+
+@pytest.mark.parametrize(("body", "error"), [
+    (b"{", "the body is not valid JSON"),
+    (b"", "send a JSON body of 1 to 4096 bytes"),
+    (b" " * 4097, "send a JSON body of 1 to 4096 bytes"),
+])
+def test_a_body_that_is_not_json_or_has_a_bad_size_is_400(body, error):
     with agent() as server:
         status, answer = put(server, body)
     assert (status, answer) == (400, {"error": error})
@@ -105,6 +134,28 @@ def test_unknown_gpu_is_404():
     with agent() as server:
         status, _ = put(server, EQUAL_ARR, uuid="GPU-00000000-0000-0000-0000-000000000000")
     assert status == 404
+
+
+# -- the agent saying whether it holds a write token ------------------------------------------
+
+def test_metrics_carry_scheduler_write_only_when_the_agent_holds_a_write_token():
+    with agent() as writable:
+        document = json.loads(writable.metrics_body())
+    with agent(write_token=None) as read_only:
+        plain = json.loads(read_only.metrics_body())
+    assert document["agent"]["scheduler_write"] is True
+    assert "scheduler_write" not in plain["agent"]  # absent means false, as from agents before the field
+    assert parse_agent_payload(document).scheduler_write is True
+    assert parse_agent_payload(plain).scheduler_write is False
+
+
+def test_a_scheduler_write_flag_that_is_not_a_boolean_is_refused():
+    with agent() as server:
+        document = json.loads(server.metrics_body())
+    document["agent"]["scheduler_write"] = "yes"
+    with pytest.raises(PayloadError) as caught:
+        parse_agent_payload(document)
+    assert str(caught.value) == "agent.scheduler_write: expected true or false, got 'yes'"
 
 
 # -- the dashboard applying through the agent ---------------------------------------------------
@@ -117,14 +168,68 @@ def dashboard_agent(host, write: bool = True):
     return row, server
 
 
+def poll(row, server):
+    """One collector poll of the agent over HTTP, as beat runs it: the dashboard learns from the
+    agent's metrics whether it holds a write token."""
+    Agent.objects.filter(pk=row.pk).update(url=server.url)
+    result = collect.poll_batch([row.pk], pool=ConnectionPool())
+    assert (result.ok, result.errors) == (1, {})
+    row.refresh_from_db()
+
+
+def staff_clients(user):
+    web, api = Client(), APIClient()
+    web.force_login(user)
+    api.force_authenticate(user)
+    return web, api
+
+
+@pytest.mark.django_db
+def test_collector_learns_whether_the_agent_holds_a_write_token_and_the_page_follows(admin_user):
+    host = inventory_host("flag-host", gpus=1, vgpus_per_gpu=0)
+    gpu = Gpu.objects.get(host=host)
+    row, server = dashboard_agent(host, write=False)
+    web, api = staff_clients(admin_user)
+    with serving(server):
+        poll(row, server)
+    assert row.scheduler_write is False
+    html = web.get(f"/scheduler/gpus/{gpu.pk}/").content.decode()
+    assert "Apply through the agent" not in html
+    assert "The agent of flag-host runs without a write token: apply the commands below by hand." in html
+    assert f"python manage.py scheduler_write_token {row.name}" in html
+    assert api.get(f"/api/v1/gpus/{gpu.pk}/scheduler/").json()["agent_can_apply"] is False
+
+    writable = AgentServer(("127.0.0.1", 0), SimBackend(host_scenario(host, timezone="UTC")), row.token, host.name,
+                           write_token=agent_write_token(row))
+    with serving(writable):
+        poll(row, writable)
+    assert row.scheduler_write is True
+    html = web.get(f"/scheduler/gpus/{gpu.pk}/").content.decode()
+    assert "Apply through the agent</button>" in html
+    assert "runs without a write token" not in html
+    assert api.get(f"/api/v1/gpus/{gpu.pk}/scheduler/").json()["agent_can_apply"] is True
+    assert api.get(f"/api/v1/agents/{row.pk}/").json()["scheduler_write"] is True
+
+
+@pytest.mark.django_db
+def test_reports_of_other_sources_leave_the_flag_alone():
+    host = inventory_host("push-host", gpus=1, vgpus_per_gpu=0)
+    row = polled_agent("push-agent", "http://127.0.0.1:1", host=host)
+    Agent.objects.filter(pk=row.pk).update(scheduler_write=True)
+    row.refresh_from_db()
+    store_reports([(row, Report(hostname=host.name, backend="nvidia-smi", collected_at=1_700_000_000.0, gpus=[]))],
+                  received_at=1_700_000_000.0)
+    row.refresh_from_db()
+    assert row.scheduler_write is True
+
+
 @pytest.mark.django_db
 def test_dashboard_applies_through_the_agent_and_stores_the_reading(admin_user):
     host = inventory_host("apply-host", gpus=1, vgpus_per_gpu=0)
     gpu = Gpu.objects.get(host=host)
     row, server = dashboard_agent(host)
     with serving(server):
-        row.url = server.url
-        row.save()
+        poll(row, server)
         set_gpu_policy(gpu, S("fixed_share", timeslice_ms=5), admin_user)
         policy = apply_through_agent(gpu, admin_user)
     assert (policy.apply_state, policy.apply_detail) == ("applied", f"applied by agent {row.name}")
@@ -134,6 +239,27 @@ def test_dashboard_applies_through_the_agent_and_stores_the_reading(admin_user):
     assert gpu.scheduler_reported["timeslice_ms"] == 5
     event = AuditEvent.objects.get(action="scheduler_policy.apply")
     assert (event.before["apply_state"], event.after["apply_state"]) == ("applying", "applied")
+    assert event.comment == f"applied by agent {row.name}"
+
+
+@pytest.mark.django_db
+def test_api_apply_over_http_is_applied_and_audited_with_the_admin(admin_user):
+    host = inventory_host("api-host", gpus=1, vgpus_per_gpu=0)
+    gpu = Gpu.objects.get(host=host)
+    row, server = dashboard_agent(host)
+    _, api = staff_clients(admin_user)
+    with serving(server):
+        poll(row, server)
+        api.put(f"/api/v1/gpus/{gpu.pk}/scheduler/", {"policy": "equal_share", "arr": True, "frequency_hz": 960,
+                                                       "avg_factor": 20}, format="json")
+        response = api.post(f"/api/v1/gpus/{gpu.pk}/scheduler/apply/")
+    assert response.status_code == 200
+    body = response.json()
+    assert (body["apply_state"], body["drift"]) == ("applied", [])
+    assert (body["reported"]["policy"], body["reported"]["frequency_hz"], body["reported"]["avg_factor"]) == (
+        "equal_share", 960, 20)
+    event = AuditEvent.objects.get(action="scheduler_policy.apply")
+    assert (event.actor, event.source) == (admin_user, "api")
 
 
 @pytest.mark.django_db
@@ -141,38 +267,82 @@ def test_dashboard_apply_while_vgpus_exist_stays_staged_with_the_agents_reason(a
     host = inventory_host("busy-host", gpus=1, vgpus_per_gpu=1)
     gpu = Gpu.objects.get(host=host)
     row, server = dashboard_agent(host)
+    web, _ = staff_clients(admin_user)
     with serving(server):
-        row.url = server.url
-        row.save()
-        policy = apply_through_agent(gpu, admin_user)  # the driver default, copied into the GPU's row
-    assert policy.apply_state == "staged"
-    assert policy.apply_detail == (f"agent {row.name} refused (HTTP 409): the GPU holds 1 active vGPU; the "
-                                   "scheduler changes only on a GPU without vGPUs")
-    assert AuditEvent.objects.filter(action="scheduler_policy.apply").count() == 1
+        poll(row, server)
+        set_gpu_policy(gpu, S("equal_share", arr=True), admin_user)
+        response = web.post(f"/scheduler/gpus/{gpu.pk}/apply/", follow=True)
+    policy = SchedulerPolicy.objects.get(gpu=gpu)
+    reason = (f"agent {row.name} refused (HTTP 409): the GPU holds 1 active vGPU; the scheduler changes only on "
+              "a GPU without vGPUs")
+    assert (policy.apply_state, policy.apply_detail) == ("staged", reason)
+    assert f"Staged until the GPU is empty or the driver reloads: {reason}" in response.content.decode()
+    event = AuditEvent.objects.get(action="scheduler_policy.apply")
+    assert (event.actor, event.source, event.after["apply_state"]) == (admin_user, "web", "staged")
 
 
 @pytest.mark.django_db
-def test_dashboard_apply_to_a_read_only_agent_fails_with_its_answer(admin_user):
+def test_apply_through_an_agent_without_a_write_token_is_refused_before_asking_it(admin_user):
     host = inventory_host("ro-host", gpus=1, vgpus_per_gpu=0)
     gpu = Gpu.objects.get(host=host)
     row, server = dashboard_agent(host, write=False)
+    web, api = staff_clients(admin_user)
+    message = (f"The agent of ro-host runs without a write token: apply the commands by hand, or restart {row.name} "
+               f"with --write-token-file holding the output of `python manage.py scheduler_write_token {row.name}`.")
     with serving(server):
-        row.url = server.url
-        row.save()
+        poll(row, server)
+        with pytest.raises(AgentUnavailable) as caught:
+            apply_through_agent(gpu, admin_user)
+        response = api.post(f"/api/v1/gpus/{gpu.pk}/scheduler/apply/")
+        page = web.post(f"/scheduler/gpus/{gpu.pk}/apply/", follow=True)
+    assert str(caught.value) == message
+    assert (response.status_code, response.json()) == (409, {"detail": message})
+    assert message in page.content.decode().replace("&#x27;", "'")
+    assert not SchedulerPolicy.objects.exists()
+    assert not AuditEvent.objects.filter(action__startswith="scheduler_policy").exists()
+
+
+@pytest.mark.django_db
+def test_agent_restarted_read_only_since_its_last_poll_fails_with_its_answer(admin_user):
+    host = inventory_host("stale-host", gpus=1, vgpus_per_gpu=0)
+    gpu = Gpu.objects.get(host=host)
+    row, server = dashboard_agent(host)
+    with serving(server):
+        poll(row, server)
+    read_only = AgentServer(("127.0.0.1", 0), SimBackend(host_scenario(host, timezone="UTC")), row.token, host.name)
+    with serving(read_only):
+        Agent.objects.filter(pk=row.pk).update(url=read_only.url)
         policy = apply_through_agent(gpu, admin_user)
     assert policy.apply_state == "failed"
-    assert policy.apply_detail.startswith(f"agent {row.name} failed (HTTP 403): read-only agent")
+    assert policy.apply_detail == (f"agent {row.name} failed (HTTP 403): read-only agent: start it with "
+                                   "--write-token-file to apply scheduler changes")
+    assert AuditEvent.objects.get(action="scheduler_policy.apply").after["apply_state"] == "failed"
 
 
 @pytest.mark.django_db
 def test_dashboard_apply_to_an_unreachable_agent_fails(admin_user):
     host = inventory_host("gone-host", gpus=1, vgpus_per_gpu=0)
     gpu = Gpu.objects.get(host=host)
-    polled_agent("gone", "http://127.0.0.1:9", host=host, timeout_s=0.5)
+    row = polled_agent("gone", "http://127.0.0.1:9", host=host, timeout_s=0.5)
+    Agent.objects.filter(pk=row.pk).update(scheduler_write=True)  # as its last report said
     policy = apply_through_agent(gpu, admin_user)
     assert policy.apply_state == "failed"
-    assert "could not be reached" in policy.apply_detail
+    assert policy.apply_detail.startswith("agent gone failed (no answer): the agent at http://127.0.0.1:9 could "
+                                          "not be reached")
     assert SchedulerPolicy.objects.get(gpu=gpu).apply_state == "failed"
+
+
+@pytest.mark.django_db
+def test_gpu_without_a_uuid_cannot_be_applied_through_the_agent(admin_user):
+    host = inventory_host("nouuid-host", gpus=1, vgpus_per_gpu=0)
+    gpu = Gpu.objects.get(host=host)
+    Gpu.objects.filter(pk=gpu.pk).update(uuid="")
+    gpu.refresh_from_db()
+    row = polled_agent("nouuid", "http://127.0.0.1:9", host=host)
+    Agent.objects.filter(pk=row.pk).update(scheduler_write=True)
+    with pytest.raises(AgentUnavailable) as caught:
+        apply_through_agent(gpu, admin_user)
+    assert str(caught.value) == "The GPU has no UUID yet (no agent reading); apply the commands by hand."
 
 
 @pytest.mark.django_db
@@ -286,3 +456,32 @@ def test_agent_refuses_to_start_with_the_read_token_as_its_write_token(tmp_path,
     assert code == 2
     assert capsys.readouterr().err == (
         "telemetry.agent: error: the write token must differ from the read token\n")
+
+
+def test_agent_process_started_with_a_write_token_says_so_and_takes_changes_to_the_driver(tmp_path):
+    from telemetry.tests.test_agent_cli import REPO, agent_command, clean_env
+
+    for name, token in (("read", READ), ("write", WRITE)):
+        (tmp_path / name).write_text(token + "\n", encoding="utf-8")
+        (tmp_path / name).chmod(0o600)
+    process = subprocess.Popen(
+        agent_command("--listen", "127.0.0.1:0", "--token-file", str(tmp_path / "read"),
+                      "--write-token-file", str(tmp_path / "write"), "--backend", "sim"),
+        cwd=REPO, env=clean_env(), stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        port = int(re.search(r"on http://127\.0\.0\.1:(\d+)", process.stderr.readline()).group(1))
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+        conn.request("GET", "/v1/metrics", headers={"Authorization": f"Bearer {READ}"})
+        metrics = json.loads(conn.getresponse().read())
+        conn.close()
+        assert metrics["agent"]["scheduler_write"] is True
+        # The proof-of-concept scenario's GPUs all hold vGPUs: the driver (simulated) refuses.
+        status, answer = put(SimpleNamespace(server_address=("127.0.0.1", port)), EQUAL_ARR,
+                             uuid=metrics["gpus"][0]["uuid"])
+    finally:
+        process.send_signal(signal.SIGTERM)
+        process.wait(timeout=10)
+        process.stderr.close()
+    assert (status, answer) == (409, {"error": "the GPU holds 2 active vGPUs; the scheduler changes only on a GPU "
+                                               "without vGPUs"})

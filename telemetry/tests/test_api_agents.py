@@ -15,7 +15,7 @@ pytestmark = pytest.mark.django_db
 
 LIST = "/api/v1/agents/"
 FIELDS = {"id", "name", "url", "kind", "host", "enabled", "timeout_s", "last_seen", "status", "last_error",
-          "last_error_at", "consecutive_failures"}
+          "last_error_at", "consecutive_failures", "scheduler_write"}
 
 
 @pytest.fixture
