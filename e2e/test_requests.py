@@ -1,5 +1,6 @@
-"""Resize requests in a real browser: an artist files one on /me/, an admin approves it on
-/requests/, and the artist sees the new profile and the notification."""
+"""Resize requests in a real browser: an artist files one on /me/, an admin sees it counted in
+the navigation and approves it on /requests/, and the artist sees the new profile, the
+request applied and the notification (counted on the bell until opened)."""
 
 from __future__ import annotations
 
@@ -46,18 +47,27 @@ def test_artist_files_admin_approves_artist_sees_it(page, demo_world, tmp_path):
     page.context.clear_cookies()
 
     sign_in(page, "admin", next_path="/requests/")
+    pending = ResizeRequest.objects.filter(status="pending").count()
+    assert page.locator("[data-badge=requests]").text_content() == f"{pending} pending"
     row = page.locator(f"[data-table=pending] tr[data-request='{request.pk}']")
     assert target.name in row.inner_text()
+    assert row.locator("[data-evidence]").count() == 1
     page.screenshot(path=str(out / "requests.png"), full_page=True)
     row.locator("input[name=comment]").fill("go ahead")
     row.locator("button", has_text="Approve").click()
     page.wait_for_load_state()
-    assert "approve done" in page.content()
+    assert f"Request #{request.pk} for {vm.name}" in page.locator("ul.messages").inner_text()
+    assert "approved and applied" in page.locator("ul.messages").inner_text()
+    assert page.locator(f"[data-table=decided] tr[data-request='{request.pk}'] [data-status=approved]").count() == 1
     page.context.clear_cookies()
 
     sign_in(page, artist.user.username, next_path="/me/")
+    assert page.locator("[data-badge=notifications]").text_content() == "1 unread"
     card = page.locator(f"[data-vm='{vm.pk}']")
     assert target.name in card.locator("p.muted").first.inner_text()
-    assert "Approved and applied" in card.locator("[data-section=requests] table").inner_text()
+    status = card.locator(f"[data-section=requests] tr[data-request='{request.pk}'] [data-status]")
+    assert status.inner_text() == "Approved and applied"
+    assert "go ahead" in card.locator(f"[data-section=requests] tr[data-request='{request.pk}']").inner_text()
     page.goto("/notifications/")
-    assert "approved and applied" in page.locator("ul.notifications").inner_text()
+    assert "approved and applied" in page.locator("ul.notifications li.unread").first.inner_text()
+    assert page.locator("[data-badge=notifications]").count() == 0

@@ -1,4 +1,4 @@
-"""Resize requests: filing, deciding and applying them (the service layer of issue 6, part 1).
+"""Resize requests: filing, deciding and applying them, and the notifications they send.
 
 Approval applies through `fleet.services` (which re-checks every placement rule under row
 locks) inside one transaction that first locks the request row, so two approvals of the same
@@ -15,6 +15,8 @@ from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core.mail import send_mail
 from django.db import transaction
+from django.db.models import Count, IntegerField, OuterRef, Subquery, Value
+from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from fleet import audit, placement, services
@@ -48,17 +50,35 @@ class Fit:
         return self.where.replace("_", " ")
 
 
-def _current(vm: VirtualMachine) -> tuple[VgpuProfile | None, int]:
+def current_vgpus(vm: VirtualMachine) -> tuple[VgpuProfile | None, int]:
+    """The profile of the VM's vGPUs (None without any) and how many it holds."""
     vgpus = list(Vgpu.objects.filter(vm=vm).select_related("profile"))
     return (vgpus[0].profile if vgpus else None), len(vgpus)
 
 
-def validate(vm: VirtualMachine, user, profile: VgpuProfile, vgpus: int, wished_from=None, wished_until=None) -> None:
+def several_vgpus_refusal(profile: VgpuProfile, model, vgpus: int) -> str:
+    """Why `vgpus` vGPUs of `profile` may not share one VM on GPU `model` ("" when they may).
+
+    The placement rule (`Rule.MULTI_VGPU_FULL_ONLY`) would refuse it at approval anyway; saying
+    so when the request is filed spares the artist a request no admin can approve.
+    """
+    if vgpus > 1 and model.multi_vgpu_full_only and profile.fb_mib < model.fb_mib:
+        return (f"On {model.name} a VM with several vGPUs may only use full-GPU profiles "
+                f"({_gib(model.fb_mib)} GiB); {profile.name} is smaller.")
+    return ""
+
+
+REASON_REQUIRED = "Say why the VM needs the change (the scenes, the deadline): the admin decides on it."
+COMMENT_REQUIRED = "Give a reason for the rejection: the artist reads it in the notification."
+
+
+def validate(vm: VirtualMachine, user, profile: VgpuProfile, vgpus: int, wished_from=None, wished_until=None,
+             reason: str = "") -> None:
     """Raise RequestError when the request may not be filed (the messages the form and the API show)."""
     errors: dict[str, str] = {}
     if not is_fleet_admin(user) and getattr(getattr(vm, "artist", None), "user_id", None) != user.pk:
         raise PermissionError("You may only request changes for your own workstation.")
-    current, count = _current(vm)
+    current, count = current_vgpus(vm)
     if current is not None and profile.gpu_model_id != current.gpu_model_id:
         errors["requested_profile"] = (f"{profile.name} is not a profile of {current.gpu_model.name}, "
                                        "the GPU model this VM runs on.")
@@ -68,10 +88,14 @@ def validate(vm: VirtualMachine, user, profile: VgpuProfile, vgpus: int, wished_
         errors["requested_vgpus"] = f"A VM holds 1 to {placement.MAX_VGPUS_PER_VM} vGPUs."
     elif vgpus > 1 and vgpus > profile.max_per_vm:
         errors["requested_vgpus"] = f"{profile.name} allows at most {profile.max_per_vm} vGPU(s) per VM."
+    elif refusal := several_vgpus_refusal(profile, profile.gpu_model, vgpus):
+        errors["requested_vgpus"] = refusal
     if current is not None and profile.pk == current.pk and vgpus == count:
         errors["requested_profile"] = "The VM already has this profile and number of vGPUs."
     if wished_from and wished_until and wished_until <= wished_from:
         errors["wished_until"] = "The wished window must end after it starts."
+    if not reason.strip():
+        errors["reason"] = REASON_REQUIRED
     if ResizeRequest.objects.filter(vm=vm, status=ResizeStatus.PENDING).exists():
         errors["vm"] = "This VM already has a pending request; cancel it or wait for the decision."
     if errors:
@@ -83,15 +107,16 @@ def file_request(vm: VirtualMachine, user, requested_profile: VgpuProfile, reque
     """File a pending request for `vm` and tell the admins."""
     with transaction.atomic():
         vm = services._locked(VirtualMachine, vm.pk, "artist")
-        validate(vm, user, requested_profile, requested_vgpus, wished_from, wished_until)
-        current, count = _current(vm)
+        validate(vm, user, requested_profile, requested_vgpus, wished_from, wished_until, reason)
+        current, count = current_vgpus(vm)
         request = ResizeRequest.objects.create(
             vm=vm, current_profile=current, current_vgpus=count, requested_profile=requested_profile,
-            requested_vgpus=requested_vgpus, reason=reason, requested_by=user,
+            requested_vgpus=requested_vgpus, reason=reason.strip(), requested_by=user,
             wished_from=wished_from, wished_until=wished_until,
         )
         audit.record("resize_request.file", request, after=audit.snapshot(request))
-        admins = get_user_model().objects.filter(is_staff=True, is_active=True).exclude(email="")
+        # Every admin sees it in the app; those with an address also get the e-mail (`_notify`).
+        admins = get_user_model().objects.filter(is_staff=True, is_active=True).order_by("pk")
         _notify(list(admins), f"Resize request for {vm.name}: {describe(request)}", "/requests/")
     return request
 
@@ -121,11 +146,9 @@ def _gpu_order(request: ResizeRequest) -> list[list[Gpu]]:
 
 def _place_all(request: ResizeRequest) -> list[Vgpu]:
     """Remove the VM's vGPUs and place the requested ones on the first host whose GPUs take them all."""
+    # services.remove_vgpu / place_vgpu record vgpu.remove / vgpu.place themselves.
     for vgpu in Vgpu.objects.filter(vm=request.vm):
-        before = audit.snapshot(vgpu)
         services.remove_vgpu(vgpu)
-        audit.record("vgpu.remove", None, before=before, object_type="vgpu", object_id=vgpu.pk,
-                     object_repr=str(vgpu), comment=f"resize request #{request.pk}")
     vm = VirtualMachine.objects.get(pk=request.vm_id)
     for gpus in _gpu_order(request):
         placed: list[Vgpu] = []
@@ -142,8 +165,6 @@ def _place_all(request: ResizeRequest) -> list[Vgpu]:
                         raise PlacementError([Violation(placement.Rule.PLACEMENT_SLOT, "no room")])
         except PlacementError:
             continue
-        for vgpu in placed:
-            audit.record("vgpu.place", vgpu, after=audit.snapshot(vgpu), comment=f"resize request #{request.pk}")
         return placed
     raise services.FleetConflict([Violation(
         placement.Rule.PLACEMENT_SLOT,
@@ -161,7 +182,8 @@ def approve(request: ResizeRequest, admin, comment: str = "") -> ResizeRequest:
                 raise services.FleetConflict([Violation(
                     placement.Rule.PLACEMENT_SLOT, f"The request is {locked.status} already.")])
             before = audit.snapshot(locked)
-            _place_all(locked)
+            with audit.because(f"resize request #{locked.pk}"):
+                _place_all(locked)
             locked.status, locked.decided_by, locked.decided_at = ResizeStatus.APPROVED, admin, timezone.now()
             locked.decision_comment, locked.last_error = comment, ""
             locked.save()
@@ -192,7 +214,10 @@ def _decide(request: ResizeRequest, user, status: str, verb: str, comment: str) 
 
 
 def reject(request: ResizeRequest, admin, comment: str = "") -> ResizeRequest:
-    return _decide(request, admin, ResizeStatus.REJECTED, "reject", comment)
+    """Reject a pending request; the comment is required, since it is all the artist learns of why."""
+    if not comment.strip():
+        raise RequestError({"comment": COMMENT_REQUIRED})
+    return _decide(request, admin, ResizeStatus.REJECTED, "reject", comment.strip())
 
 
 def cancel(request: ResizeRequest, user) -> ResizeRequest:
@@ -250,3 +275,111 @@ class _Rollback(Exception):
     def __init__(self, gpus, host, old):
         super().__init__("dry run")
         self.gpus, self.host, self.old = gpus, host, old
+
+
+# Evidence ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """What the right-sizing engine has seen of a VM's usage, as the request pages and the API
+    show it next to a request: the suggestion's kind and reason, the figures it rests on, and
+    whether it asks for what the request asks (the admin's quickest check)."""
+
+    action: str = ""  # a SuggestionAction value, "" when the VM has no suggestion yet
+    label: str = "No usage evidence yet"
+    suggested: str = ""  # e.g. "RTX6000-24Q" or "2 x RTX6000-24Q"
+    reason: str = ""
+    figures: str = ""  # one sentence of frame buffer and utilization figures
+    matches_request: bool | None = None  # None when there is no request or no resize suggested
+    from_suggestion: bool = False  # the request was filed by an admin accepting this suggestion
+
+    def as_dict(self) -> dict:
+        return {"action": self.action, "label": self.label, "suggested": self.suggested, "reason": self.reason,
+                "figures": self.figures, "matches_request": self.matches_request,
+                "from_suggestion": self.from_suggestion}
+
+
+def _gib(mib) -> str:
+    return f"{mib / 1024:.1f}".removesuffix(".0")
+
+
+def usage_figures(evidence: dict) -> str:
+    """One sentence of the figures a suggestion rests on, e.g. "Over 14 days: frame buffer p95
+    11.2 of 12 GiB (93%), peak 100%, mean 74%; GPU utilization p95 40%." ("" without figures)."""
+    parts = []
+    p95_mib, profile_mib = evidence.get("fb_p95_mib"), evidence.get("profile_fb_mib")
+    if p95_mib is not None and profile_mib:
+        frame_buffer = f"frame buffer p95 {_gib(p95_mib)} of {_gib(profile_mib)} GiB"
+        if evidence.get("fb_p95_pct") is not None:
+            frame_buffer += f" ({evidence['fb_p95_pct']:.0f}%)"
+        frame_buffer += "".join(f", {label} {evidence[key]:.0f}%" for label, key in
+                                (("peak", "fb_peak_pct"), ("mean", "fb_mean_pct")) if evidence.get(key) is not None)
+        parts.append(frame_buffer)
+    if evidence.get("util_gpu_p95_pct") is not None:
+        parts.append(f"GPU utilization p95 {evidence['util_gpu_p95_pct']:.0f}%")
+    if not parts:
+        return ""
+    days = evidence.get("window_days")
+    return (f"Over {days} days: " if days else "") + "; ".join(parts) + "."
+
+
+def evidence_of(vm: VirtualMachine, request: ResizeRequest | None = None) -> Evidence:
+    """The VM's right-sizing evidence, compared with `request` when given.
+
+    Reads `vm.suggestion` (select_related("vm__suggestion__suggested_profile") keeps a list of
+    requests at a fixed number of queries). The impact part of the evidence (which GPUs and
+    hosts a move would use) is left out: artists see this too, and where a request fits is the
+    queue's own column.
+    """
+    suggestion = getattr(vm, "suggestion", None)  # the reverse one-to-one raises AttributeError when missing
+    if suggestion is None:
+        return Evidence()
+    target = suggestion.suggested_profile
+    suggested = ""
+    if target is not None:
+        suggested = f"{suggestion.suggested_vgpus} x {target.name}" if suggestion.suggested_vgpus else target.name
+    matches = None
+    if request is not None and target is not None:
+        wanted_vgpus = suggestion.suggested_vgpus or request.current_vgpus
+        matches = target.pk == request.requested_profile_id and wanted_vgpus == request.requested_vgpus
+    return Evidence(
+        action=suggestion.action, label=suggestion.get_action_display(), suggested=suggested,
+        reason=suggestion.reason, figures=usage_figures(suggestion.evidence or {}), matches_request=matches,
+        from_suggestion=request is not None and suggestion.resize_request_id == request.pk,
+    )
+
+
+# Notifications -----------------------------------------------------------------------------
+
+
+def mark_read(user, ids: list[int] | None = None) -> int:
+    """Mark `user`'s unread notifications (all, or those of `ids`) read; returns how many changed."""
+    unread = Notification.objects.filter(user=user, read_at__isnull=True)
+    if ids is not None:
+        unread = unread.filter(pk__in=ids)
+    return unread.update(read_at=timezone.now())
+
+
+@dataclass(frozen=True)
+class BadgeCounts:
+    """The navigation's badges: the user's unread notifications and, for admins, pending requests."""
+
+    unread: int = 0
+    pending: int = 0
+
+
+def badge_counts(user) -> BadgeCounts:
+    """Both badge counts in one query (two indexed subqueries on the user's row); admins only
+    pay for the pending count."""
+    if not (user and user.is_authenticated):
+        return BadgeCounts()
+    unread = Notification.objects.filter(user=OuterRef("pk"), read_at__isnull=True).order_by().values(
+        "user").annotate(n=Count("pk")).values("n")
+    annotations = {"unread": Coalesce(Subquery(unread, output_field=IntegerField()), Value(0))}
+    if is_fleet_admin(user):
+        pending = ResizeRequest.objects.filter(status=ResizeStatus.PENDING).order_by().values(
+            "status").annotate(n=Count("pk")).values("n")
+        annotations["pending"] = Coalesce(Subquery(pending, output_field=IntegerField()), Value(0))
+    row = get_user_model().objects.filter(pk=user.pk).annotate(**annotations).values(*annotations).first() or {}
+    return BadgeCounts(unread=row.get("unread", 0), pending=row.get("pending", 0))

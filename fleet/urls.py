@@ -24,7 +24,7 @@ urlpatterns = [
     path("requests/", request_views.request_list, name="requests"),
     path("requests/<int:pk>/<str:verb>/", request_views.request_decide, name="request-decide"),
     path("me/vms/<int:vm_pk>/request/", request_views.request_file, name="request-file"),
-    # --- notifications (fleet/views/notifications.py) ---
+    # --- notifications (fleet/views/requests.py) ---
     path("notifications/", request_views.notification_list, name="notifications"),
     # --- scheduler policies (fleet/views/scheduler.py) ---
     path("scheduler/", scheduler.scheduler_list, name="scheduler"),

@@ -1,4 +1,8 @@
-"""`resize-requests/`: artists file and cancel requests for their own VMs; admins approve or reject them."""
+"""`resize-requests/`: artists file and cancel requests for their own VMs; admins approve or reject them.
+
+Every row carries `evidence`: the VM's right-sizing suggestion (kind, target, reason, figures)
+and whether it asks for what the request asks, read in the list's own query.
+"""
 
 from __future__ import annotations
 
@@ -20,12 +24,13 @@ class ResizeRequestSerializer(serializers.ModelSerializer):
     fits = serializers.SerializerMethodField(help_text="Where the request fits now: same_gpu, other_gpu, "
                                                        "other_host or nowhere (n/a once decided)")
     requested_profile = serializers.PrimaryKeyRelatedField(queryset=VgpuProfile.objects.all())
+    evidence = serializers.SerializerMethodField(help_text="The VM's right-sizing evidence next to the request")
 
     class Meta:
         model = ResizeRequest
         fields = ["id", "vm", "current_profile", "current_vgpus", "requested_profile", "requested_vgpus", "reason",
                   "status", "requested_by", "decided_by", "decided_at", "decision_comment", "wished_from",
-                  "wished_until", "last_error", "created_at", "fits"]
+                  "wished_until", "last_error", "created_at", "fits", "evidence"]
         read_only_fields = ["current_profile", "current_vgpus", "status", "requested_by", "decided_by",
                             "decided_at", "decision_comment", "last_error", "created_at"]
 
@@ -38,6 +43,14 @@ class ResizeRequestSerializer(serializers.ModelSerializer):
         fit = service.fits(obj)
         return {"where": fit.where, "gpus": list(fit.gpus), "host": fit.host, "reason": fit.reason}
 
+    @extend_schema_field({"type": "object", "properties": {
+        "action": {"type": "string", "description": "upsize, downsize, keep, insufficient_data; empty without one"},
+        "label": {"type": "string"}, "suggested": {"type": "string"}, "reason": {"type": "string"},
+        "figures": {"type": "string"}, "matches_request": {"type": "boolean", "nullable": True},
+        "from_suggestion": {"type": "boolean"}}})
+    def get_evidence(self, obj: ResizeRequest) -> dict:
+        return service.evidence_of(obj.vm, obj).as_dict()
+
     def validate_vm(self, vm):
         if not visible_vms(self.context["request"].user).filter(pk=vm.pk).exists():
             raise PermissionDenied("You may only request changes for your own workstation.")
@@ -45,7 +58,8 @@ class ResizeRequestSerializer(serializers.ModelSerializer):
 
 
 class DecisionSerializer(serializers.Serializer):
-    comment = serializers.CharField(required=False, allow_blank=True, default="")
+    comment = serializers.CharField(required=False, allow_blank=True, default="",
+                                    help_text="Optional for approve; required for reject (the artist reads it)")
 
 
 class ResizeRequestViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.CreateModelMixin,
@@ -57,7 +71,8 @@ class ResizeRequestViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mix
     filterset_fields = {"status": ["exact"], "vm": ["exact"], "vm__artist": ["exact"]}
 
     def get_queryset(self) -> QuerySet[ResizeRequest]:
-        qs = ResizeRequest.objects.select_related("vm", "requested_profile").order_by("-created_at", "-id")
+        qs = ResizeRequest.objects.select_related(
+            "vm__host", "vm__suggestion__suggested_profile", "requested_profile").order_by("-created_at", "-id")
         user = self.request.user
         if getattr(self, "swagger_fake_view", False):
             return qs.none()
@@ -75,7 +90,10 @@ class ResizeRequestViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mix
     def _decision(self, request, fn):
         body = DecisionSerializer(data=request.data)
         body.is_valid(raise_exception=True)
-        result = fn(self.get_object(), request.user, body.validated_data["comment"])
+        try:
+            result = fn(self.get_object(), request.user, body.validated_data["comment"])
+        except service.RequestError as exc:
+            raise ValidationError(exc.errors) from exc
         return Response(ResizeRequestSerializer(result, context=self.get_serializer_context()).data)
 
     @extend_schema(request=DecisionSerializer, responses={200: ResizeRequestSerializer})
@@ -87,11 +105,13 @@ class ResizeRequestViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mix
     @extend_schema(request=DecisionSerializer, responses={200: ResizeRequestSerializer})
     @action(detail=True, methods=["post"], permission_classes=[IsFleetAdmin])
     def reject(self, request, pk=None):
+        """Reject the request with a comment (400 without one; the artist is told why)."""
         return self._decision(request, service.reject)
 
     @extend_schema(request=None, responses={200: ResizeRequestSerializer})
     @action(detail=True, methods=["post"])
     def cancel(self, request, pk=None):
+        """Withdraw a pending request (its artist or an admin; 409 once decided)."""
         try:
             result = service.cancel(self.get_object(), request.user)
         except PermissionError as exc:

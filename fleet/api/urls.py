@@ -3,6 +3,7 @@
 from rest_framework.routers import DefaultRouter
 
 from fleet.api import audit as audit_api
+from fleet.api import notifications as notifications_api
 from fleet.api import requests as requests_api
 from fleet.api import scheduler as scheduler_api
 from fleet.api import views
@@ -17,6 +18,8 @@ router.register("vms", views.VirtualMachineViewSet, basename="virtualmachine")
 router.register("vgpus", views.VgpuViewSet, basename="vgpu")
 # --- resize requests (fleet/api/requests.py) ---
 router.register("resize-requests", requests_api.ResizeRequestViewSet, basename="resizerequest")
+# --- notifications (fleet/api/notifications.py) ---
+router.register("notifications", notifications_api.NotificationViewSet, basename="notification")
 # --- scheduler policies (fleet/api/scheduler.py) ---
 # --- audit log (fleet/api/audit.py) ---
 router.register("audit-events", audit_api.AuditEventViewSet, basename="auditevent")

@@ -490,7 +490,7 @@ def test_host_page_query_count_does_not_grow_with_gpus_vms_and_agents(staff_clie
 
     assert count_queries(staff_client, f"/hosts/{small.host.pk}/") == count_queries(staff_client,
                                                                                     f"/hosts/{big.host.pk}/")
-    with django_assert_num_queries(8):  # session, user, host, GPUs, their samples, VMs, vGPUs, agents
+    with django_assert_num_queries(10):  # session, user, host, GPUs, their samples, VMs, vGPUs, agents, history, badges
         body = page(staff_client, f"/hosts/{big.host.pk}/")
     assert len(re.findall(r"<tr data-gpu=", body)) == 12
     assert len(re.findall(r"<tr data-vm=", body)) == 12
@@ -501,7 +501,7 @@ def test_gpu_page_query_count_does_not_grow_with_vgpus(staff_client, django_asse
     small, big = crowded_gpu(2, "small"), crowded_gpu(12, "big")
 
     assert count_queries(staff_client, f"/gpus/{small.pk}/") == count_queries(staff_client, f"/gpus/{big.pk}/")
-    with django_assert_num_queries(7):  # session, user, GPU, its sample, vGPUs, vGPU samples, agents
+    with django_assert_num_queries(9):  # session, user, GPU, its sample, vGPUs, vGPU samples, agents, history, badges
         body = page(staff_client, f"/gpus/{big.pk}/")
     assert len(re.findall(r"<tr data-vgpu=", body)) == 12
 
@@ -511,7 +511,7 @@ def test_vm_page_query_count_does_not_grow_with_vgpus(staff_client, django_asser
     small, big = multi_vgpu_vm(1, "small"), multi_vgpu_vm(4, "big")
 
     assert count_queries(staff_client, f"/vms/{small.pk}/") == count_queries(staff_client, f"/vms/{big.pk}/")
-    with django_assert_num_queries(6):  # session, user, VM, vGPUs, usage, agents
+    with django_assert_num_queries(8):  # session, user, VM, vGPUs, usage, agents, history, badges
         body = page(staff_client, f"/vms/{big.pk}/")
     assert len(re.findall(r"<tr data-vgpu=", body)) == 4
 
@@ -525,7 +525,7 @@ def test_artist_page_query_count_does_not_grow_with_vms(staff_client, django_ass
 
     assert (count_queries(staff_client, f"/artists/{small_artist.pk}/")
             == count_queries(staff_client, f"/artists/{big_artist.pk}/"))
-    with django_assert_num_queries(6):  # session, user, artist, VMs, vGPUs, usage
+    with django_assert_num_queries(7):  # session, user, artist, VMs, vGPUs, usage, badges
         body = page(staff_client, f"/artists/{big_artist.pk}/")
     assert len(re.findall(r"<tr data-vm=", body)) == 12
     assert len(re.findall(r'data-figure="mean-util">30%<', body)) == 12

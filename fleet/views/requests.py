@@ -1,7 +1,8 @@
-"""Resize request pages: the admin queue (/requests/) and the artist's form and list on /me/.
+"""Resize request pages: the admin queue (/requests/), the artist's form on /me/ and the
+notifications page.
 
 Plain POST forms with CSRF; every write goes through `fleet.requests`, so the pages and the API
-apply the same rules, messages and locks.
+apply the same rules, messages and locks. Messages show once, in the base template.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from django.http import Http404
 from django.shortcuts import get_object_or_404, redirect, render
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
+from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_POST
 
 from fleet import requests as service
@@ -21,25 +23,23 @@ from fleet.models import Notification, ResizeRequest, VgpuProfile, VirtualMachin
 from fleet.queries import is_fleet_admin
 from fleet.services import FleetConflict
 
-
-def _evidence(request: ResizeRequest) -> str:
-    """The VM's latest right-sizing suggestion in one line, if the product has one."""
-    from sizing.models import Suggestion
-
-    suggestion = Suggestion.objects.filter(vm=request.vm).order_by("-pk").first()
-    if suggestion is None:
-        return "No usage evidence yet."
-    return f"Right-sizing suggests {suggestion.get_action_display()}: {getattr(suggestion, 'reason', '')}".strip()
+BAD_WINDOW = "Enter the wished window as a date and time, e.g. 2026-12-01 09:00."
+NO_PROFILE = "Choose a target profile of the VM's GPU model."
+DONE = {"approve": "approved and applied", "reject": "rejected", "cancel": "cancelled"}
 
 
 @login_required
 def request_list(request):
-    """Pending requests first, with evidence and where each fits now; decided ones below (filter ?status=)."""
+    """Pending requests first, each with the VM's right-sizing evidence and where it fits now;
+    decided ones below (filter ?status=)."""
     if not is_fleet_admin(request.user):
         raise PermissionDenied
-    qs = ResizeRequest.objects.select_related("vm", "requested_profile", "current_profile", "requested_by")
+    qs = ResizeRequest.objects.select_related(
+        "vm__host", "vm__suggestion__suggested_profile", "requested_profile", "current_profile", "requested_by",
+        "decided_by",
+    )
     status = request.GET.get("status", "")
-    pending = [(r, service.fits(r), _evidence(r)) for r in qs.filter(status=ResizeStatus.PENDING)]
+    pending = [(r, service.fits(r), service.evidence_of(r.vm, r)) for r in qs.filter(status=ResizeStatus.PENDING)]
     decided = qs.exclude(status=ResizeStatus.PENDING)
     if status:
         decided = decided.filter(status=status)
@@ -48,13 +48,22 @@ def request_list(request):
     })
 
 
+def _next(request, default: str) -> str:
+    """Where to go after a form: the form's `next` when it is a path of this site."""
+    target = request.POST.get("next", "")
+    if target and url_has_allowed_host_and_scheme(target, allowed_hosts={request.get_host()}):
+        return target
+    return default
+
+
 @login_required
 @require_POST
 def request_decide(request, pk: int, verb: str):
-    """Approve or reject (admins), cancel (the artist or an admin); back to where the form was."""
-    if verb not in ("approve", "reject", "cancel"):
+    """Approve or reject (admins; a rejection needs a comment), cancel (the artist or an admin);
+    back to where the form was."""
+    if verb not in DONE:
         raise Http404
-    obj = get_object_or_404(ResizeRequest.objects.select_related("vm__artist"), pk=pk)
+    obj = get_object_or_404(ResizeRequest.objects.select_related("vm__artist", "requested_profile"), pk=pk)
     comment = request.POST.get("comment", "")
     try:
         if verb == "cancel":
@@ -65,31 +74,50 @@ def request_decide(request, pk: int, verb: str):
             service.approve(obj, request.user, comment)
         else:
             service.reject(obj, request.user, comment)
-        messages.success(request, f"Request #{pk}: {verb} done.")
+        messages.success(request, f"Request #{pk} for {obj.vm.name} ({service.describe(obj)}) {DONE[verb]}.")
     except PermissionError as exc:
         raise PermissionDenied(str(exc)) from exc
+    except service.RequestError as exc:
+        for message in exc.errors.values():
+            messages.error(request, f"Request #{pk} was not {DONE[verb].split()[0]}: {message}")
     except FleetConflict as exc:
-        messages.error(request, f"Request #{pk} could not be applied: {exc}")
-    return redirect(request.POST.get("next") or "fleet:requests")
+        messages.error(request, f"Request #{pk} could not be {DONE[verb].split()[0]}: {exc}")
+    return redirect(_next(request, "/requests/" if verb != "cancel" or is_fleet_admin(request.user) else "/me/"))
+
+
+def _when(value: str):
+    """A datetime-local field's value as an aware datetime in the studio's time zone; None when empty."""
+    if not value.strip():
+        return None
+    parsed = parse_datetime(value.strip())
+    if parsed is None:
+        raise service.RequestError({"wished_from": BAD_WINDOW})
+    return timezone.make_aware(parsed) if timezone.is_naive(parsed) else parsed
 
 
 @login_required
 @require_POST
 def request_file(request, vm_pk: int):
-    """The /me/ form: a target profile or one more/less vGPU, a reason, an optional window."""
+    """The /me/ form: a target profile, or one more or one less vGPU of the current profile, a
+    reason and an optional wished window."""
     vm = get_object_or_404(VirtualMachine.objects.select_related("artist"), pk=vm_pk)
-    current, count = service._current(vm)
+    if not is_fleet_admin(request.user) and getattr(vm.artist, "user_id", None) != request.user.pk:
+        raise PermissionDenied("You may only request changes for your own workstation.")
+    current, count = service.current_vgpus(vm)
     change = request.POST.get("change", "profile")
     try:
         if change in ("more", "less") and current is not None:
             profile, vgpus = current, count + (1 if change == "more" else -1)
         else:
-            profile = get_object_or_404(VgpuProfile, pk=request.POST.get("requested_profile") or 0)
+            chosen = request.POST.get("requested_profile", "")
+            profile = VgpuProfile.objects.filter(pk=int(chosen)).first() if chosen.isdigit() else None
+            if profile is None:
+                raise service.RequestError({"requested_profile": NO_PROFILE})
             vgpus = count or 1
         service.file_request(vm, request.user, profile, vgpus, request.POST.get("reason", ""),
-                             parse_datetime(request.POST.get("wished_from") or "") or None,
-                             parse_datetime(request.POST.get("wished_until") or "") or None)
-        messages.success(request, f"Request for {vm.name} filed.")
+                             _when(request.POST.get("wished_from", "")), _when(request.POST.get("wished_until", "")))
+        messages.success(request, f"Request for {vm.name} ({vgpus} x {profile.name}) filed; "
+                                  "you will be notified of the decision.")
     except PermissionError as exc:
         raise PermissionDenied(str(exc)) from exc
     except service.RequestError as exc:
@@ -100,7 +128,8 @@ def request_file(request, vm_pk: int):
 
 @login_required
 def notification_list(request):
-    """The user's notifications, newest first; opening the page marks them read."""
+    """The user's notifications, newest first. Opening the page marks them read (what a bell
+    menu does); the ones that were unread stay highlighted on this visit."""
     items = list(Notification.objects.filter(user=request.user)[:100])
-    Notification.objects.filter(user=request.user, read_at__isnull=True).update(read_at=timezone.now())
+    service.mark_read(request.user)
     return render(request, "fleet/notification_list.html", {"items": items})

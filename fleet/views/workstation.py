@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 
 from django.contrib.auth.decorators import login_required
 
+from fleet import placement
+from fleet import requests as resize_requests
 from fleet.details import NO_USAGE, Usage, agents_by_host, gib, vm_usage, vms_with_vgpus
 from fleet.models import Artist, ResizeRequest, VgpuProfile, VirtualMachine
 from fleet.queries import is_fleet_admin
@@ -41,6 +43,7 @@ class Workstation:
     notices: list[Notice]
     profile_choices: list = field(default_factory=list)  # profiles a resize request may ask for
     requests: list = field(default_factory=list)  # this VM's resize requests, newest first
+    evidence: resize_requests.Evidence = field(default_factory=resize_requests.Evidence)
 
     @property
     def profile_fb_gib(self) -> float | None:
@@ -49,6 +52,30 @@ class Workstation:
     @property
     def profiles(self) -> str:
         return ", ".join(vgpu.profile.name for vgpu in self.vm.vgpus.all())
+
+    @property
+    def vgpu_count(self) -> int:
+        return len(self.vm.vgpus.all())
+
+    @property
+    def current_profile(self):
+        vgpus = self.vm.vgpus.all()
+        return vgpus[0].profile if vgpus else None
+
+    @property
+    def can_add_vgpu(self) -> bool:
+        """Whether "one more vGPU" is a request the rules could accept (the profile allows it)."""
+        vgpus = self.vm.vgpus.all()
+        if not vgpus:
+            return False
+        more = len(vgpus) + 1
+        profile, model = vgpus[0].profile, vgpus[0].gpu.gpu_model
+        return (more <= min(profile.max_per_vm, placement.MAX_VGPUS_PER_VM)
+                and not resize_requests.several_vgpus_refusal(profile, model, more))
+
+    @property
+    def can_remove_vgpu(self) -> bool:
+        return self.vgpu_count > 1
 
 
 @login_required
@@ -60,7 +87,9 @@ def workstation(request):
     time_range, error = page_range(request, default=DEFAULT_RANGE)
     workstations = []
     if artist is not None:
-        vms = list(vms_with_vgpus(VirtualMachine.objects.filter(artist=artist)))
+        # The right-sizing suggestion rides along in the VMs' query: the evidence next to the request form.
+        vms = list(vms_with_vgpus(VirtualMachine.objects.filter(artist=artist).select_related(
+            "suggestion__suggested_profile")))
         usage = vm_usage([vm.pk for vm in vms], time_range.start, time_range.end) if vms else {}
         agents = agents_by_host({vm.host_id for vm in vms}) if vms else {}
         # Two queries for every VM's request form and list (the page's query count must not grow with VMs).
@@ -84,6 +113,7 @@ def workstation(request):
                 notices=agent_notices(vm_agents, staff),
                 profile_choices=[p for p in profiles if p.gpu_model_id in models_of(vm)],
                 requests=requests_by_vm.get(vm.pk, [])[:10],
+                evidence=resize_requests.evidence_of(vm),
             ))
     context = {"artist": artist, "workstations": workstations, "staff": staff}
     return render_page(request, "fleet/workstation.html", context, time_range, error)

@@ -112,8 +112,8 @@ def test_the_list_of_runs_costs_the_same_queries_for_2_and_12(staff, admin_user,
         response = staff.get(PAGE)
     html = response.content.decode()
     assert len(find(html, data_run=True)) == rows
-    # session, user, pending requests, suggestions, runs, active run
-    assert len(queries) == 6, [q["sql"] for q in queries]
+    # session, user, pending requests, suggestions, runs, active run, the navigation badges
+    assert len(queries) == 7, [q["sql"] for q in queries]
     first = one(html, data_run=str(OptimizerRun.objects.order_by("-id").first().pk))
     assert "3 → 2" in text(first)
 

@@ -289,19 +289,20 @@ def test_the_page_costs_the_same_queries_for_2_and_12_rows(staff, django_assert_
     rows += [{"demand": f"profile:{profile(name).pk}", "count": 1} for name in ("RTX6000-4Q", "RTX6000-6Q")]
 
     small, large = query(rows[:2]), query(rows)
-    # session, user, GPU models, profiles, presets, hosts
-    with django_assert_num_queries(6):
+    # session, user, GPU models, profiles, presets, hosts, the navigation badges
+    with django_assert_num_queries(7):
         get(staff, small)
-    assert _count(staff, large) == 6
+    assert _count(staff, large) == 7
 
 
 def test_the_page_from_measurements_costs_the_same_queries_for_2_and_12_vms(staff, django_assert_num_queries):
     url = query([], from_measurements="on")
     more_vms("few", 2)
-    # session, user, GPU models, profiles, presets, hosts, vGPUs, the catalog, VMs with suggestions
-    with django_assert_num_queries(9):
+    # session, user, GPU models, profiles, presets, hosts, vGPUs, the catalog, VMs with suggestions,
+    # the navigation badges
+    with django_assert_num_queries(10):
         get(staff, url)
     more_vms("many", 10)
     html = get(staff, url)
     assert len(find(html, data_vm=True)) == 12
-    assert _count(staff, url) == 9
+    assert _count(staff, url) == 10

@@ -213,12 +213,12 @@ def test_the_page_costs_the_same_queries_for_2_suggestions_as_for_12(staff_clien
     _crowd(2)
     refresh_suggestions(now=NOW)
     # session, user, count, page of rows, pending requests of the page's VMs, summary, and the
-    # choices of the host and artist filters
-    with django_assert_num_queries(8):
+    # choices of the host and artist filters, and the navigation badges
+    with django_assert_num_queries(9):
         assert len(shown_vms(body(staff_client.get(PAGE)))) == 2
     _crowd(10)
     refresh_suggestions(now=NOW)
-    with django_assert_num_queries(8):
+    with django_assert_num_queries(9):
         assert len(shown_vms(body(staff_client.get(PAGE)))) == 12
 
 

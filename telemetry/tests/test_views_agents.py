@@ -247,17 +247,18 @@ def add_agents(count: int, start: int) -> None:
 
 
 def test_query_count_does_not_grow_with_agents(staff, django_assert_num_queries):
-    # session, user, the status summary, count, page, and the host filter's choices
+    # session, user, the status summary, count, page, the host filter's choices, and the
+    # navigation badges
     add_agents(2, start=0)
-    with django_assert_num_queries(6):
+    with django_assert_num_queries(7):
         assert len(table_rows(staff.get(PAGE))) == 2
     partial = count_queries(staff, PAGE, {"status": "ok"})
     csv_count = count_queries(staff, PAGE, {"format": "csv"})
 
     add_agents(10, start=2)
-    with django_assert_num_queries(6):
+    with django_assert_num_queries(7):
         assert len(table_rows(staff.get(PAGE))) == 12
-    assert count_queries(staff, PAGE, {"status": "ok"}) == partial == 6
+    assert count_queries(staff, PAGE, {"status": "ok"}) == partial == 7
     assert count_queries(staff, PAGE, {"format": "csv"}) == csv_count == 3
     with django_assert_num_queries(5):  # the table alone: no filter form
         staff.get(PAGE, headers={"HX-Request": "true"})

@@ -18,8 +18,8 @@ from telemetry.models import Agent
 pytestmark = pytest.mark.django_db
 
 URL = "/heatmap/"
-#: session, user, the agents' health aggregate, the host filter's choices
-QUERIES = 4
+#: session, user, the agents' health aggregate, the host filter's choices, the navigation badges
+QUERIES = 5
 
 
 class _Page(HTMLParser):

@@ -1,0 +1,17 @@
+"""Template context every page gets (config/settings.py TEMPLATES "context_processors")."""
+
+from __future__ import annotations
+
+from django.utils.functional import SimpleLazyObject
+
+from fleet import requests as resize_requests
+
+
+def badges(request) -> dict:
+    """`badges.unread` (the user's unread notifications) and `badges.pending` (pending resize
+    requests, admins only) for the navigation.
+
+    Lazy: the one query runs when a template reads a count, so htmx partials, CSV exports and
+    pages without the navigation pay nothing, and anonymous visitors never query.
+    """
+    return {"badges": SimpleLazyObject(lambda: resize_requests.badge_counts(getattr(request, "user", None)))}
