@@ -100,6 +100,7 @@ TEMPLATES = [
                 "django.template.context_processors.request",
                 "django.contrib.auth.context_processors.auth",
                 "django.contrib.messages.context_processors.messages",
+                "fleet.context_processors.badges",  # navigation badges: unread notifications, pending requests
             ],
         },
     },
@@ -255,6 +256,7 @@ TELEMETRY_MAX_CLOCK_SKEW_S = env_float("TELEMETRY_MAX_CLOCK_SKEW_S", 300.0)
 TELEMETRY_RETENTION_RAW_DAYS = env_float("TELEMETRY_RETENTION_RAW_DAYS", 14)
 TELEMETRY_RETENTION_5M_DAYS = env_float("TELEMETRY_RETENTION_5M_DAYS", 90)
 TELEMETRY_RETENTION_1H_DAYS = env_float("TELEMETRY_RETENTION_1H_DAYS", 730)
+AUDIT_RETENTION_DAYS = env_float("AUDIT_RETENTION_DAYS", 0)  # audit events pruned after this; 0: kept forever
 # Rollups: buckets holding samples built per run and series (bounded work; the next run goes
 # on), and how long after a bucket closes its late samples are still folded in.
 TELEMETRY_ROLLUP_MAX_BUCKETS = int(env_float("TELEMETRY_ROLLUP_MAX_BUCKETS", 120))

@@ -18,6 +18,7 @@ from django.urls import reverse
 from django.utils.html import format_html
 
 from fleet import placement, services
+from fleet.admin_audit import AuditedAdmin, AuditedDeleteMixin
 from fleet.forms import (
     GpuForm,
     GpuModelForm,
@@ -49,8 +50,11 @@ class SaveRefused(Exception):
         super().__init__("; ".join(messages))
 
 
-class RuleGovernedAdmin(admin.ModelAdmin):
+class RuleGovernedAdmin(AuditedDeleteMixin, admin.ModelAdmin):
     """An admin whose form saves through a service (the form's `save()` returns None when refused).
+
+    The service records the save; a deletion (no service deletes hosts, GPUs or VMs) is
+    recorded by `AuditedDeleteMixin`, and vGPUs override it with `services.remove_vgpu`.
 
     A refusal at save time rolls back the admin's transaction and renders the form again with
     the rule's message, as a refusal at validation time does.
@@ -87,7 +91,7 @@ class RuleGovernedAdmin(admin.ModelAdmin):
             return super().changeform_view(request, object_id, form_url, extra_context)
 
 
-class CatalogAdmin(admin.ModelAdmin):
+class CatalogAdmin(AuditedAdmin):
     """NVIDIA's tables ship with the product (migration fleet 0002); only superusers edit them."""
 
     change_list_template = "admin/fleet/catalog_change_list.html"
@@ -273,7 +277,7 @@ class GpuAdmin(RuleGovernedAdmin):
 
 
 @admin.register(Artist)
-class ArtistAdmin(admin.ModelAdmin):
+class ArtistAdmin(AuditedAdmin):
     list_display = ["name", "user", "workflow", "user_type", "vm_count"]
     list_filter = ["workflow", "user_type"]
     list_select_related = ["user"]

@@ -1,10 +1,16 @@
-"""Admin site for sizing: workflow presets (editable), suggestions and optimizer runs (read-mostly)."""
+"""Admin site for sizing: workflow presets (editable), suggestions and optimizer runs (read-mostly).
+
+Every save and deletion here is in the audit log: presets save through `sizing.presets.save_preset`
+(as the API does), deletions of suggestions and runs through `fleet.admin_audit`.
+"""
 
 from django import forms
-from django.contrib import admin  # noqa: F401 - sections below register their models
+from django.contrib import admin
 
+from fleet.admin_audit import AuditedAdmin
 from fleet.choices import Workflow
 from sizing.models import OptimizerRun, Suggestion, WorkflowPreset
+from sizing.presets import save_preset
 
 # --- workflow presets (density planner) ---
 
@@ -23,13 +29,16 @@ class WorkflowPresetForm(forms.ModelForm):
 
 
 @admin.register(WorkflowPreset)
-class WorkflowPresetAdmin(admin.ModelAdmin):
+class WorkflowPresetAdmin(AuditedAdmin):
     """What each workflow gets by default in the density planner; edited in the list itself."""
 
     form = WorkflowPresetForm
     list_display = ("workflow", "fb_mib", "frame_buffer", "series", "vgpus", "vcpus", "ram_gib", "note", "updated_at")
     list_editable = ("fb_mib", "series", "vgpus", "vcpus", "ram_gib", "note")
     ordering = ("workflow",)
+
+    def save_model(self, request, obj, form, change):
+        save_preset(obj)
 
     @admin.display(description="Frame buffer")
     def frame_buffer(self, obj: WorkflowPreset) -> str:
@@ -51,7 +60,7 @@ class WorkflowPresetAdmin(admin.ModelAdmin):
 
 
 @admin.register(Suggestion)
-class SuggestionAdmin(admin.ModelAdmin):
+class SuggestionAdmin(AuditedAdmin):
     """Suggestions are written by the hourly refresh and acted on from the right-sizing page (or
     the API); here their figures are read. A deleted one comes back at the next refresh."""
 
@@ -78,7 +87,7 @@ class SuggestionAdmin(admin.ModelAdmin):
 
 
 @admin.register(OptimizerRun)
-class OptimizerRunAdmin(admin.ModelAdmin):
+class OptimizerRunAdmin(AuditedAdmin):
     """Runs are started and applied from the optimizer page (or the API), which re-check the
     fleet; here they are read, and old ones deleted."""
 

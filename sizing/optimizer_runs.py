@@ -31,7 +31,7 @@ from django.db.models import Count, F, Q, QuerySet
 from django.db.models.fields.json import KeyTransform
 from django.utils import timezone
 
-from fleet import services
+from fleet import audit, services
 from fleet.choices import ResizeStatus
 from fleet.models import Gpu, Host, ResizeRequest, Vgpu, VgpuProfile, VirtualMachine
 from fleet.placement import PlacementError, Violation
@@ -201,6 +201,11 @@ def abandon_lost_runs(now=None) -> int:
     )
 
 
+#: What an audit event keeps of a run: its state and who started and applied it (the plan itself
+#: is on the run's page; the event's comment says what it included).
+AUDITED_FIELDS = ["status", "stage", "created_by", "created_at", "applied_by", "applied_at"]
+
+
 def start_run(user, include_requests: bool = True, include_suggestions: bool = False,
               vm_changes: Iterable[optimizer.Change] = ()) -> OptimizerRun:
     """Create a queued run with the pending changes it must include and send it to a worker.
@@ -227,6 +232,10 @@ def start_run(user, include_requests: bool = True, include_suggestions: bool = F
             },
             stage="Queued",
         )
+        audit.record("optimizer_run.start", run, after=audit.snapshot(run, AUDITED_FIELDS),
+                     comment=f"{len(changes)} pending change(s); resize requests "
+                             f"{'included' if include_requests else 'left out'}, suggestions "
+                             f"{'included' if include_suggestions else 'left out'}")
         transaction.on_commit(lambda: enqueue(run.pk))
     return run
 
@@ -510,13 +519,25 @@ def apply_run(run: OptimizerRun, user) -> ApplyOutcome:
             raise PlanConflict(f"An object of the plan no longer exists ({exc}); nothing was changed.") from exc
 
         now = timezone.now()
+        comment = f"Applied by optimizer run #{run.pk}"
         ResizeRequest.objects.filter(pk__in=request_ids).update(
-            status=ResizeStatus.APPROVED, decided_by=user, decided_at=now,
-            decision_comment=f"Applied by optimizer run #{run.pk}",
+            status=ResizeStatus.APPROVED, decided_by=user, decided_at=now, decision_comment=comment,
         )
+        events = []
+        for request in requests:
+            before = audit.snapshot(request)
+            request.status, request.decided_by, request.decided_at = ResizeStatus.APPROVED, user, now
+            request.decision_comment = comment
+            events.append(audit.event("resize_request.approve", request, before=before,
+                                      after=audit.snapshot(request), comment=comment))
+        audit.record_many(events)
+        before = audit.snapshot(run, AUDITED_FIELDS)
         run.status = OptimizerStatus.APPLIED
         run.applied_by = user
         run.applied_at = now
         run.stage = "Applied"
         run.save(update_fields=["status", "applied_by", "applied_at", "stage"])
+        audit.record("optimizer_run.apply", run, before=before, after=audit.snapshot(run, AUDITED_FIELDS),
+                     comment=f"{len(replaced)} VM(s) moved, {len(todo)} vGPU(s) placed, "
+                             f"{len(request_ids)} resize request(s) approved")
     return ApplyOutcome(run=run, vms_moved=len(replaced), vgpus_placed=len(todo), approved_request_ids=request_ids)

@@ -8,6 +8,11 @@ guide does not size start at medium-user figures. Loaded once by a data migratio
 edit the rows afterwards.
 """
 
+from django.db import transaction
+
+from fleet import audit
+from sizing.models import WorkflowPreset
+
 GIB = 1024
 
 # workflow: (frame buffer per vGPU in MiB, vGPUs, vCPUs, RAM GiB, note)
@@ -34,3 +39,22 @@ def load_presets(workflow_preset_model) -> None:
             defaults={"fb_mib": fb_mib, "series": "Q", "vgpus": vgpus, "vcpus": vcpus, "ram_gib": ram_gib,
                       "note": note},
         )
+
+
+def save_preset(preset: WorkflowPreset, **fields) -> WorkflowPreset:
+    """Save a preset (new, or changed by `fields` or in memory) and record the change in the
+    audit log: the one write path of the API and the admin page, which the planner reads."""
+    with transaction.atomic():
+        before = None
+        if preset.pk is not None:
+            stored = WorkflowPreset.objects.select_for_update().filter(pk=preset.pk).first()
+            before = audit.snapshot(stored)
+        for name, value in fields.items():
+            setattr(preset, name, value)
+        preset.save()
+        after = audit.snapshot(preset)
+        if before is None:
+            audit.record("workflow_preset.create", preset, after=after)
+        elif audit.changed(before, after):
+            audit.record("workflow_preset.update", preset, before=before, after=after)
+    return preset

@@ -30,6 +30,7 @@ from django.db import transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
+from fleet import audit
 from fleet.choices import ResizeStatus
 from fleet.models import ResizeRequest, Vgpu, VirtualMachine
 from sizing import engine
@@ -222,6 +223,17 @@ def resize_reason(suggestion: Suggestion) -> str:
     return " ".join(parts)
 
 
+#: What an audit event keeps of a suggestion: the advice and what admins did with it (the
+#: evidence itself is recomputed hourly and would make every event a page long).
+AUDITED_FIELDS = ["vm", "action", "current_profile", "suggested_profile", "suggested_vgpus", "evidence_key",
+                  "dismissed_key", "dismissed_by", "dismissed_at", "resize_request"]
+
+
+def _record(verb: str, suggestion: Suggestion, before: dict, comment: str = "") -> None:
+    audit.record(f"suggestion.{verb}", suggestion, before=before,
+                 after=audit.snapshot(suggestion, AUDITED_FIELDS), comment=comment)
+
+
 def _locked_suggestion(suggestion: Suggestion) -> Suggestion:
     """The suggestion's row, locked, after its VM's row (the order the fleet's services take:
     the VM before what hangs off it), so two admins acting on one VM queue up."""
@@ -269,11 +281,16 @@ def accept_suggestion(suggestion: Suggestion, user, *, evidence_key: str = "", n
         if note:
             reason = f"{reason}\n\n{note}"
         request = ResizeRequest.objects.create(
-            vm=vm, current_profile=suggestion.current_profile, requested_profile=suggestion.suggested_profile,
+            vm=vm, current_profile=suggestion.current_profile, current_vgpus=len(profiles),
+            requested_profile=suggestion.suggested_profile,
             requested_vgpus=suggestion.suggested_vgpus or len(profiles), reason=reason, requested_by=user,
         )
+        audit.record("resize_request.file", request, after=audit.snapshot(request),
+                     comment=f"from the right-sizing suggestion for {vm.name}")
+        before = audit.snapshot(suggestion, AUDITED_FIELDS)
         suggestion.resize_request = request
         suggestion.save(update_fields=["resize_request"])
+        _record("accept", suggestion, before, comment=f"filed resize request #{request.pk}")
     return request
 
 
@@ -284,10 +301,12 @@ def dismiss_suggestion(suggestion: Suggestion, user, *, evidence_key: str = "") 
     with transaction.atomic():
         suggestion = _locked_suggestion(suggestion)
         _check_shown(suggestion, evidence_key)
+        before = audit.snapshot(suggestion, AUDITED_FIELDS)
         suggestion.dismissed_key = suggestion.evidence_key
         suggestion.dismissed_by = user
         suggestion.dismissed_at = timezone.now()
         suggestion.save(update_fields=["dismissed_key", "dismissed_by", "dismissed_at"])
+        _record("dismiss", suggestion, before)
     return suggestion
 
 
@@ -295,8 +314,12 @@ def restore_suggestion(suggestion: Suggestion) -> Suggestion:
     """Show a dismissed suggestion again; returns it (unchanged when it was not dismissed)."""
     with transaction.atomic():
         suggestion = _locked_suggestion(suggestion)
+        before = audit.snapshot(suggestion, AUDITED_FIELDS)
         suggestion.dismissed_key = ""
         suggestion.dismissed_by = None
         suggestion.dismissed_at = None
         suggestion.save(update_fields=["dismissed_key", "dismissed_by", "dismissed_at"])
+        after = audit.snapshot(suggestion, AUDITED_FIELDS)
+        if audit.changed(before, after):  # restoring one that was not dismissed changes nothing
+            _record("restore", suggestion, before)
     return suggestion

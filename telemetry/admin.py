@@ -11,11 +11,12 @@ from __future__ import annotations
 from django.contrib import admin, messages
 from django.db import models, transaction
 from django.template.response import TemplateResponse
-from django.utils import timezone
 from django.utils.cache import add_never_cache_headers
 from django.utils.html import format_html
 from django.utils.text import Truncator
 
+from fleet.admin_audit import AuditedAdmin
+from telemetry import services
 from telemetry.models import Agent, AgentStatus, Drift, GpuSample, VgpuSample
 
 STATUS_COLOURS = {
@@ -40,7 +41,10 @@ def token_page(request, agents: list[Agent], tokens: dict[int, str], title: str)
 
 
 @admin.register(Agent)
-class AgentAdmin(admin.ModelAdmin):
+class AgentAdmin(AuditedAdmin):
+    """Agents are saved, deleted and given tokens through `telemetry.services`, which records
+    each change in the audit log (never the token)."""
+
     list_display = ["name", "kind", "host", "url", "enabled", "status_badge", "last_seen", "consecutive_failures",
                     "short_error"]
     list_filter = ["kind", "enabled"]
@@ -67,6 +71,17 @@ class AgentAdmin(admin.ModelAdmin):
     def short_error(self, agent: Agent) -> str:
         return Truncator(agent.last_error).chars(90) if agent.last_error else "-"
 
+    def save_model(self, request, obj, form, change):
+        services.save_agent(obj)
+
+    def delete_model(self, request, obj):
+        services.delete_agent(obj)
+
+    def delete_queryset(self, request, queryset):
+        with transaction.atomic():
+            for agent in queryset.order_by("pk"):
+                services.delete_agent(agent)
+
     def response_add(self, request, obj, post_url_continue=None):
         # The token exists from creation on: show it now, the only time it can be read.
         return token_page(request, [obj], {obj.pk: obj.token}, f"Agent {obj.name} added: its token")
@@ -77,23 +92,22 @@ class AgentAdmin(admin.ModelAdmin):
         tokens = {}
         with transaction.atomic():
             for agent in agents:
-                tokens[agent.pk] = agent.rotate_token()
-                agent.save(update_fields=["token_salt", "token_sha256"])
+                tokens[agent.pk] = services.rotate_token(agent)
         return token_page(request, agents, tokens, "New agent tokens")
 
     @admin.action(description="Enable polling", permissions=["change"])
     def enable(self, request, queryset):
-        count = queryset.update(enabled=True)
+        count = services.set_enabled(queryset, True)
         self.message_user(request, f"{count} agent(s) enabled.", messages.SUCCESS)
 
     @admin.action(description="Disable polling", permissions=["change"])
     def disable(self, request, queryset):
-        count = queryset.update(enabled=False)
+        count = services.set_enabled(queryset, False)
         self.message_user(request, f"{count} agent(s) disabled.", messages.SUCCESS)
 
 
 @admin.register(Drift)
-class DriftAdmin(admin.ModelAdmin):
+class DriftAdmin(AuditedAdmin):
     """Differences between what sources report and the inventory; admins resolve them by hand."""
 
     list_display = ["kind", "subject", "agent", "first_seen", "last_seen", "resolved_at"]
@@ -108,7 +122,7 @@ class DriftAdmin(admin.ModelAdmin):
 
     @admin.action(description="Mark resolved", permissions=["change"])
     def mark_resolved(self, request, queryset):
-        count = queryset.filter(resolved_at__isnull=True).update(resolved_at=timezone.now())
+        count = services.resolve_drifts(queryset)
         self.message_user(request, f"{count} drift(s) marked resolved.", messages.SUCCESS)
 
 

@@ -23,7 +23,9 @@ and the nvidia-smi push API both call it with validated `Report`s. Rules, and wh
   and no vGPU profiles. An inventory GPU at the same host and PCI bus id without a UUID is the
   same board: it gets the UUID. Every discovery opens an `unknown_gpu` drift, which stays open
   until an admin resolves it after reviewing the new rows (the GPU is known from then on, so
-  no later report could show it to be over).
+  no later report could show it to be over). Each row discovery creates or changes is in the
+  audit log, by the agent that reported it (source "agent"), written in one statement; a batch
+  that discovers nothing writes no event and costs no query for it.
 - vGPUs map to VMs by VM UUID, then by name. An unknown VM gets an `unknown_vm` drift and no
   sample (a sample needs its VM). A known VM with no vGPU declared on that GPU gets a
   `vgpu_missing` drift and its sample is stored without a vGPU; a type other than the
@@ -59,7 +61,8 @@ from django.db import connection, transaction
 from django.db.models import Q
 from django.db.models.functions import Lower
 
-from fleet.choices import GpuMode
+from fleet import audit
+from fleet.choices import AuditSource, GpuMode
 from fleet.models import Gpu, GpuModel, Host, Vgpu, VirtualMachine
 from telemetry.models import Agent, Drift, DriftKind, GpuSample, VgpuSample
 from telemetry.payload import GpuReading, Report, VgpuReading, model_key, profile_key
@@ -246,14 +249,17 @@ class _Batch:
         self.gpu_samples: dict[tuple, tuple] = {}
         self.vgpu_samples: dict[tuple, tuple] = {}
         self.schedulers: dict[int, dict] = {}  # GPU pk -> its scheduler reading in this batch
+        self.events: list = []  # audit events of the inventory rows discovery created or changed
 
     def run(self) -> None:
         self._load()
         self._discover()
+        audit.record_many(self.events)
         for agent, report in self.items:
             self._map(agent, report)
         self._write_samples()
         self._write_schedulers()
+        self._write_scheduler_write_flags()
         self._write_drifts()
 
     # -- lookups ------------------------------------------------------------------------------
@@ -364,6 +370,12 @@ class _Batch:
     def drift(self, agent: Agent, kind: str, subject: str, detail: str, reported: dict) -> None:
         self.found[(kind, subject[:MAX_SUBJECT])] = (agent, detail, reported)
 
+    def _audit(self, agent: Agent, action: str, obj, before: dict | None = None) -> None:
+        """An inventory change by discovery, recorded as made by the agent that reported it."""
+        with audit.acting_as(None, AuditSource.AGENT, agent.name):
+            self.events.append(audit.event(action, obj, before=before, after=audit.snapshot(obj),
+                                           comment="discovered from the agent's report"))
+
     # -- discovery ----------------------------------------------------------------------------
 
     def _discover(self) -> None:
@@ -420,8 +432,10 @@ class _Batch:
                            f"{holder.host.name}, where the inventory has GPU {holder.uuid}; not added. If the board "
                            f"was replaced, change that GPU's UUID.", _identity(report, reading))
             else:
+                before = audit.snapshot(holder)
                 holder.uuid = uuid
                 adopted.append(holder)
+                self._audit(agent, "gpu.update", holder, before)
                 self.gpus[uuid] = holder
         if adopted:
             Gpu.objects.bulk_update(adopted, ["uuid"])
@@ -430,11 +444,14 @@ class _Batch:
 
         # Hosts to create (concurrent ingests may create the same one: ignore and re-read).
         created_hosts = set()
+        host_agent = {target[uuid]: agent for uuid, (agent, _, _) in pending.items() if isinstance(target[uuid], str)}
         if new_hosts:
             Host.objects.bulk_create(new_hosts.values(), ignore_conflicts=True)
             for host in Host.objects.filter(name__in=[h.name for h in new_hosts.values()]):
                 self._add_host(host)
                 created_hosts.add(host.name)
+                if host.name in host_agent:
+                    self._audit(host_agent[host.name], "host.create", host)
 
         # Models: by product name without vendor prefixes, else a new one.
         models_by_key, codes = {}, set()
@@ -442,15 +459,19 @@ class _Batch:
             models_by_key.setdefault(model_key(model.name), model)
             codes.add(model.code.lower())
         new_models: dict[str, GpuModel] = {}
-        for _, _, reading in pending.values():
+        model_agent: dict[str, Agent] = {}
+        for agent, _, reading in pending.values():
             key = model_key(reading.name)
             if key not in models_by_key and key not in new_models:
+                model_agent[key] = agent
                 new_models[key] = GpuModel(name=" ".join(reading.name.split()), code=derive_code(reading.name, codes),
                                            fb_mib=max(1, round(reading.fb_total_mib)))
         if new_models:
             GpuModel.objects.bulk_create(new_models.values(), ignore_conflicts=True)
             for model in GpuModel.objects.filter(name__in=[m.name for m in new_models.values()]):
                 models_by_key[model_key(model.name)] = model
+                if model_key(model.name) in model_agent:
+                    self._audit(model_agent[model_key(model.name)], "gpu_model.create", model)
 
         rows = []
         for uuid, (_, _, reading) in pending.items():
@@ -475,6 +496,7 @@ class _Batch:
                            f"No samples are stored for it; the next report tries again.", _identity(report, reading))
                 continue
             self.stats.discovered_gpus += 1
+            self._audit(agent, "gpu.create", gpu)
             notes = []
             if gpu.host.name in created_hosts:
                 notes.append(f"host {gpu.host.name} was created for it with placeholder capacity "
@@ -592,6 +614,18 @@ class _Batch:
                    for pk, reading in self.schedulers.items() if pk in stored and stored[pk] != reading]
         if changed:
             Gpu.objects.bulk_update(changed, ["scheduler_reported", "scheduler_reported_at"])
+
+    def _write_scheduler_write_flags(self) -> None:
+        """Store on each agent whether it accepts scheduler changes, as its report says: no query
+        while nothing changes (the Agent rows in hand carry the stored value)."""
+        flips: dict[bool, list[Agent]] = defaultdict(list)
+        for agent, report in self.items:
+            if report.scheduler_write is not None and agent.scheduler_write != report.scheduler_write:
+                flips[report.scheduler_write].append(agent)
+        for value, agents in flips.items():
+            Agent.objects.filter(pk__in=[agent.pk for agent in agents]).update(scheduler_write=value)
+            for agent in agents:
+                agent.scheduler_write = value
 
     def _write_samples(self) -> None:
         """Insert the samples not stored yet; a repeated or racing one is dropped by the unique key.

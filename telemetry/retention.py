@@ -3,7 +3,9 @@
 - raw GPU and vGPU samples: TELEMETRY_RETENTION_RAW_DAYS, but never a sample that a rollup
   series has not passed yet (its 5-minute and hourly checkpoints, less the late window those
   series still rebuild), so a stalled rollup task loses no data: retention waits for it;
-- 5-minute rollups: TELEMETRY_RETENTION_5M_DAYS; hourly rollups: TELEMETRY_RETENTION_1H_DAYS.
+- 5-minute rollups: TELEMETRY_RETENTION_5M_DAYS; hourly rollups: TELEMETRY_RETENTION_1H_DAYS;
+- audit events: AUDIT_RETENTION_DAYS when above 0; by default (0) the log is kept forever, as
+  an audit trail usually must be.
 
 Each statement deletes at most TELEMETRY_PRUNE_BATCH rows picked by id
 (`DELETE ... WHERE id IN (SELECT id ... LIMIT n)`) and commits on its own, so pruning a month
@@ -19,6 +21,7 @@ from django.conf import settings
 from django.db.models import Model, QuerySet
 from django.utils import timezone
 
+from fleet.models import AuditEvent
 from telemetry.aggregation import bucket_floor
 from telemetry.models import ROLLUP_STEPS_S, GpuRollup, GpuSample, RollupCheckpoint, VgpuSample, VmRollup
 from telemetry.rollups import checkpoint_name
@@ -33,7 +36,8 @@ def delete_in_batches(queryset: QuerySet, batch_size: int, max_batches: int | No
     deleted = batches = 0
     ids = queryset.order_by().values("pk")
     while max_batches is None or batches < max_batches:
-        # The sample models have no dependents and no signals, so this is one plain DELETE.
+        # The models pruned here (samples, rollups, audit events) have no dependents and no signals,
+        # so this is one plain DELETE.
         count, _ = model.objects.filter(pk__in=ids[:batch_size]).delete()
         deleted += count
         batches += 1
@@ -79,6 +83,10 @@ def prune_samples(now: datetime | None = None, batch_size: int | None = None,
             deleted[key] = delete_in_batches(
                 model.objects.filter(step_s=step_s, bucket__lt=cutoff), batch_size, max_batches,
             )
+    deleted["audit_events"] = 0
+    if settings.AUDIT_RETENTION_DAYS > 0:
+        cutoff = now - timedelta(days=settings.AUDIT_RETENTION_DAYS)
+        deleted["audit_events"] = delete_in_batches(AuditEvent.objects.filter(at__lt=cutoff), batch_size, max_batches)
     if any(deleted.values()):
         logger.info("retention deleted %s", deleted)
     return deleted

@@ -62,9 +62,10 @@ class FleetViewSetMixin:
     def perform_create(self, serializer) -> None:
         with transaction.atomic():
             serializer.save()
-            if _audit_type(serializer.instance) not in CREATED_BY_SERVICES:
-                audit.record(f"{_audit_type(serializer.instance)}.create", serializer.instance,
-                             after=audit.snapshot(serializer.instance), object_type=_audit_type(serializer.instance))
+            if audit.object_type_of(serializer.instance) not in CREATED_BY_SERVICES:
+                kind = audit.object_type_of(serializer.instance)
+                audit.record(f"{kind}.create", serializer.instance, after=audit.snapshot(serializer.instance),
+                             object_type=kind)
         self._reload(serializer)
 
     def perform_update(self, serializer) -> None:
@@ -72,9 +73,9 @@ class FleetViewSetMixin:
             before = audit.snapshot(serializer.instance)
             serializer.save()
             after = audit.snapshot(serializer.instance)
-            if _audit_type(serializer.instance) not in UPDATED_BY_SERVICES and audit.changed(before, after):
-                audit.record(f"{_audit_type(serializer.instance)}.update", serializer.instance,
-                             before=before, after=after, object_type=_audit_type(serializer.instance))
+            if audit.object_type_of(serializer.instance) not in UPDATED_BY_SERVICES and audit.changed(before, after):
+                audit.record(f"{audit.object_type_of(serializer.instance)}.update", serializer.instance,
+                             before=before, after=after, object_type=audit.object_type_of(serializer.instance))
         self._reload(serializer)
 
     def perform_destroy(self, instance) -> None:
@@ -82,18 +83,12 @@ class FleetViewSetMixin:
         try:
             with transaction.atomic():
                 instance.delete()
-                audit.record(f"{_audit_type(instance)}.delete", before=before, object_type=_audit_type(instance),
-                             object_id=pk, object_repr=name)
+                kind = audit.object_type_of(instance)
+                audit.record(f"{kind}.delete", before=before, object_type=kind, object_id=pk, object_repr=name)
         except ProtectedError as exc:
             raise Conflict(in_use_message(exc, instance)) from exc
 
 
-#: Audit object types of models whose name is not the one the log uses.
-AUDIT_TYPES = {"virtualmachine": "vm", "gpumodel": "gpu_model", "vgpuprofile": "vgpu_profile"}
-
-
-def _audit_type(obj) -> str:
-    return AUDIT_TYPES.get(obj._meta.model_name, obj._meta.model_name)
 #: Saved through fleet.services, which records the change itself (the serializers' create/update).
 CREATED_BY_SERVICES = frozenset({"host", "gpu", "vgpu"})
 UPDATED_BY_SERVICES = frozenset({"host", "gpu", "vm"})

@@ -6,6 +6,7 @@ without comparing two JSON blobs by eye.
 
 from __future__ import annotations
 
+from django.conf import settings
 from django.core.paginator import Paginator
 from django.shortcuts import render
 from django.urls import NoReverseMatch, reverse
@@ -58,4 +59,5 @@ def audit_list(request):
     return render(request, "fleet/audit_list.html", {
         "events": events, "page": page, "filters": request.GET, "error": error,
         "csv_url": f"/api/v1/audit-events/?{query.urlencode()}",
+        "retention_days": settings.AUDIT_RETENTION_DAYS,
     }, status=400 if error else 200)

@@ -15,11 +15,13 @@ from dataclasses import dataclass, field
 from urllib.parse import urlencode
 
 from django.contrib.auth.decorators import login_required
+from django.db.models import Q
 from django.shortcuts import get_object_or_404, render
 from django.urls import reverse
 from django.utils import timezone
 from django.utils.formats import date_format
 
+from fleet import audit
 from fleet.details import (
     NO_USAGE,
     Usage,
@@ -31,7 +33,7 @@ from fleet.details import (
     vm_usage,
     vms_with_vgpus,
 )
-from fleet.models import Vgpu, VirtualMachine
+from fleet.models import AuditEvent, Vgpu, VirtualMachine
 from fleet.queries import gpus_for, hosts_for, is_fleet_admin, visible_artists, visible_vms
 from fleet.views.access import staff_required
 from telemetry.api.metrics import HOURLY, parse_step
@@ -206,6 +208,36 @@ def no_data_hint(host, agents, staff: bool) -> Hint:
     return Hint(f"{host.name} is served by {served}. Check the agent.", agents_url, "Agents")
 
 
+# History -----------------------------------------------------------------------------------
+
+HISTORY_LIMIT = 10
+
+
+@dataclass(frozen=True)
+class History:
+    """The "History" box of a detail page: the latest events about the object and the link to
+    all of its events on /audit/."""
+
+    events: list[AuditEvent]
+    all_url: str
+
+
+def history(object_type: str, pk: int, *, related: tuple[str, ...] = (), key: str = "") -> History:
+    """The last HISTORY_LIMIT events on one object, in one query, each with a one-line `summary`.
+
+    `related` object types (vGPUs, resize requests) count when their before or after names the
+    object in `key` ("vm_id": a VM's vGPUs were placed or removed): those rows may be gone, so
+    only their snapshots still tie them to it."""
+    match = Q(object_type=object_type, object_id=str(pk))
+    if related:
+        match |= Q(object_type__in=related) & (Q(**{f"before__{key}": pk}) | Q(**{f"after__{key}": pk}))
+    events = list(AuditEvent.objects.filter(match).order_by("-at", "-id")[:HISTORY_LIMIT])
+    for event in events:
+        event.summary = audit.summary(event.before, event.after)
+    query = urlencode({"object_type": object_type, "object_id": pk})
+    return History(events, f"{reverse('fleet:audit')}?{query}")
+
+
 # Figures -----------------------------------------------------------------------------------
 
 
@@ -281,6 +313,7 @@ def host_detail(request, pk):
         "notices": agent_notices(agents, staff=True),
         "vcpus": Capacity(host.allocated_vcpus, host.cpu_threads, host.vcpu_overcommit),
         "ram": Capacity(host.allocated_ram_gib, host.ram_gib, host.ram_overcommit),
+        "history": history("host", host.pk),
     }
     return render_page(request, "fleet/host_detail.html", context, time_range, error)
 
@@ -321,6 +354,7 @@ def gpu_detail(request, pk):
         "fb_latest_pct": percent((latest or {}).get("fb_used_mib"), (latest or {}).get("fb_total_mib") or fb_mib),
         "split": {"segments": split, "free_mib": free_mib, "total_mib": fb_mib},
         "is_passthrough": gpu.mode == "passthrough",
+        "history": history("gpu", gpu.pk, related=("vgpu",), key="gpu_id"),
     }
     return render_page(request, "fleet/gpu_detail.html", context, time_range, error)
 
@@ -356,6 +390,8 @@ def vm_detail(request, pk):
         "charts": vm_charts(vm, profile_fb_mib, time_range, hint), "hint": hint, "staff": staff,
         "notices": agent_notices(agents, staff),
         "suggestion": getattr(vm, "suggestion", None),
+        # Staff only: events name other people and show rows artists do not see.
+        "history": history("vm", vm.pk, related=("vgpu", "resize_request"), key="vm_id") if staff else None,
     }
     return render_page(request, "fleet/vm_detail.html", context, time_range, error)
 

@@ -22,6 +22,7 @@ from fleet.choices import Series, SizeMode, Workflow
 from fleet.models import GpuModel, VgpuProfile
 from sizing import planner, planning
 from sizing.models import WorkflowPreset
+from sizing.presets import save_preset
 
 MAX_ARTIST_ROWS = 100
 MAX_HOSTS = 1000
@@ -317,3 +318,6 @@ class WorkflowPresetViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mi
 
     def get_queryset(self) -> QuerySet:
         return WorkflowPreset.objects.order_by("workflow", "id")
+
+    def perform_update(self, serializer) -> None:
+        serializer.instance = save_preset(serializer.instance, **serializer.validated_data)

@@ -4,7 +4,7 @@ Staff only, reads included: an agent's URL and errors describe the studio's netw
 its token is a credential. The bearer token is derived, never stored (`Agent.token`); it
 appears in exactly two responses, the one creating the agent and the one rotating its token,
 so a script that registers an agent can write the token file right away and nobody can read
-it back later.
+it back later. Writes go through `telemetry.services`, which records them in the audit log.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from rest_framework.filters import OrderingFilter
 from rest_framework.response import Response
 
 from fleet.api.permissions import IsFleetAdmin
+from telemetry import services
 from telemetry.filtersets import AgentFilterSet
 from telemetry.models import Agent, AgentKind, AgentStatus
 
@@ -41,8 +42,8 @@ class AgentSerializer(serializers.ModelSerializer):
     class Meta:
         model = Agent
         fields = ["id", "name", "url", "kind", "host", "enabled", "timeout_s", "last_seen", "status",
-                  "last_error", "last_error_at", "consecutive_failures"]
-        read_only_fields = ["last_seen", "last_error", "last_error_at", "consecutive_failures"]
+                  "last_error", "last_error_at", "consecutive_failures", "scheduler_write"]
+        read_only_fields = ["last_seen", "last_error", "last_error_at", "consecutive_failures", "scheduler_write"]
         extra_kwargs = {
             "timeout_s": {"min_value": 0.1, "max_value": MAX_TIMEOUT_S,
                           "help_text": "Seconds a poll may take in all; keep it below the poll interval"},
@@ -101,10 +102,16 @@ class AgentViewSet(viewsets.ModelViewSet):
     def get_queryset(self) -> QuerySet:
         return Agent.objects.select_related("host").order_by("name", "id")
 
+    def perform_update(self, serializer) -> None:
+        serializer.instance = services.save_agent(serializer.instance, **serializer.validated_data)
+
+    def perform_destroy(self, instance) -> None:
+        services.delete_agent(instance)
+
     def create(self, request, *args, **kwargs):
         serializer = self.get_serializer(data=request.data)
         serializer.is_valid(raise_exception=True)
-        agent = serializer.save()
+        agent = services.save_agent(Agent(), **serializer.validated_data)
         return Response(AgentWithTokenSerializer(agent, context=self.get_serializer_context()).data,
                         status=status.HTTP_201_CREATED)
 
@@ -118,6 +125,5 @@ class AgentViewSet(viewsets.ModelViewSet):
     @action(detail=True, methods=["post"], url_path="rotate-token")
     def rotate_token(self, request, pk=None):
         agent = self.get_object()
-        token = agent.rotate_token()
-        agent.save(update_fields=["token_salt", "token_sha256"])
+        token = services.rotate_token(agent)
         return Response(AgentTokenSerializer({"id": agent.pk, "name": agent.name, "token": token}).data)
