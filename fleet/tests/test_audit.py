@@ -73,6 +73,22 @@ def test_artists_are_refused_and_anonymous_must_sign_in(api, artist_api, admin_a
     assert admin_api.post("/api/v1/audit-events/", {}).status_code == 405
 
 
+def test_tokens_follow_their_user_and_the_csv_export_is_refused_to_artists(artist, admin_user):
+    from rest_framework.authtoken.models import Token
+    from rest_framework.test import APIClient
+
+    def client_of(user):
+        client = APIClient()
+        client.credentials(HTTP_AUTHORIZATION=f"Token {Token.objects.create(user=user).key}")
+        return client
+
+    artist_token, admin_token = client_of(artist.user), client_of(admin_user)
+    assert artist_token.get("/api/v1/audit-events/").status_code == 403
+    assert artist_token.get("/api/v1/audit-events/?format=csv").status_code == 403
+    assert admin_token.get("/api/v1/audit-events/").status_code == 200
+    assert admin_token.get("/api/v1/audit-events/?format=csv")["Content-Type"].startswith("text/csv")
+
+
 def test_filters_by_action_actor_object_text_and_time(admin_api, admin_user, gpu):
     with audit.acting_as(admin_user, "web"):
         services.update_host(gpu.host, name="host-filtered")
