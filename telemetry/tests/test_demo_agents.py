@@ -124,7 +124,13 @@ def test_runfleet_collects_and_stops_every_child_on_sigterm(demo_fleet, tmp_path
     threading.Thread(target=lambda: lines.extend(line.rstrip() for line in launcher.stdout), daemon=True).start()
     try:
         deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and not GpuSample.objects.filter(gpu__host__name="poc-rtx6000").exists():
+
+        def collected() -> bool:
+            # A poll stores its samples, then records the agent's status in a second statement.
+            return (GpuSample.objects.filter(gpu__host__name="poc-rtx6000").exists()
+                    and Agent.objects.get(name="poc-rtx6000").status == AgentStatus.OK)
+
+        while time.monotonic() < deadline and not collected():
             assert launcher.poll() is None, "\n".join(lines)
             time.sleep(0.5)
         assert GpuSample.objects.filter(gpu__host__name="poc-rtx6000").exists(), "\n".join(lines[-40:])
