@@ -255,26 +255,28 @@ def fits(request: ResizeRequest) -> Fit:
     """Where the request would go now, without writing: approval applies the same order under locks."""
     if request.status != ResizeStatus.PENDING:
         return Fit("n/a")
+    # Compared by id: PCI bus ids repeat from host to host.
+    old_gpu_ids = set(Gpu.objects.filter(vgpus__vm=request.vm).values_list("pk", flat=True))
+    old_host_id = VirtualMachine.objects.filter(pk=request.vm_id).values_list("host_id", flat=True).first()
     try:
-        old_gpus = {g.label for g in Gpu.objects.filter(vgpus__vm=request.vm)}
         with transaction.atomic():
             placed = _place_all(ResizeRequest.objects.select_related("vm", "requested_profile").get(pk=request.pk))
-            gpus = tuple(sorted({v.gpu.label for v in placed}))
-            host = placed[0].gpu.host.name
-            raise _Rollback(gpus, host, old_gpus)
+            raise _Rollback(placed)
     except _Rollback as result:
-        old = result.old
-        where = "same_gpu" if set(result.gpus) <= old else (
-            "other_gpu" if request.vm.host and request.vm.host.name == result.host else "other_host")
-        return Fit(where, result.gpus, result.host)
+        gpu_ids = {v.gpu_id for v in result.placed}
+        host = result.placed[0].gpu.host
+        where = "same_gpu" if gpu_ids <= old_gpu_ids else ("other_gpu" if host.pk == old_host_id else "other_host")
+        return Fit(where, tuple(sorted({v.gpu.label for v in result.placed})), host.name)
     except PlacementError as exc:
         return Fit("nowhere", reason=str(exc))
 
 
 class _Rollback(Exception):
-    def __init__(self, gpus, host, old):
+    """Carries the dry run's placements out of the transaction it rolls back."""
+
+    def __init__(self, placed):
         super().__init__("dry run")
-        self.gpus, self.host, self.old = gpus, host, old
+        self.placed = placed
 
 
 # Evidence ----------------------------------------------------------------------------------

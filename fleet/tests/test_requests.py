@@ -232,6 +232,23 @@ def test_fits_on_detail(admin_api, filed):
     assert fit["host"] == "host-a"
 
 
+def test_fits_says_another_gpu_another_host_or_nowhere(fleet_world, admin_user):
+    """A 24Q needs a whole RTX 6000: Ana's GPU keeps a neighbour's 12Q, so it cannot stay there.
+    Both hosts' GPUs share the PCI address 3B:00.0, as real hosts' do: only ids tell them apart."""
+    services.place_vgpu(VirtualMachineFactory(name="ws-neighbour"), fleet_world.gpu_a, fleet_world.profile_12q)
+    request = service.file_request(fleet_world.vm_a, fleet_world.ana.user, profile("RTX6000-24Q"), 1, "bigger")
+    assert service.fits(request).where == "nowhere"
+
+    services.remove_vgpu(fleet_world.vgpu_b)  # host-b's 3B:00.0 is empty now
+    fit = service.fits(request)
+    assert (fit.where, fit.host, fit.gpus) == ("other_host", "host-b", ("00000000:3B:00.0",))
+
+    GpuFactory(host=fleet_world.host_a, pci_bus_id="00000000:5E:00.0")
+    fit = service.fits(request)
+    assert (fit.where, fit.host, fit.gpus) == ("other_gpu", "host-a", ("00000000:5E:00.0",))
+    assert Vgpu.objects.filter(vm=fleet_world.vm_a).get().gpu == fleet_world.gpu_a  # a dry run moved nothing
+
+
 def test_evidence_rides_along_with_each_request(fleet_world, admin_user, artist_api, admin_api, filed,
                                                 django_assert_num_queries):
     """The suggestion's kind, target, reason and figures, and whether it asks for the same thing;
