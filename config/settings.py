@@ -2,14 +2,20 @@
 
 Every variable is documented in .env.example. With nothing set the product runs
 embedded: SQLite in the project folder, DEBUG on, a development secret. A production
-deployment (DEBUG off) must set SECRET_KEY, or start-up fails.
+deployment (DEBUG off) must set SECRET_KEY, or start-up fails. Secrets (SECRET_KEY,
+DATABASE_URL, POSTGRES_PASSWORD, REDIS_URL, CELERY_BROKER_URL, AGENT_TOKEN_KEY,
+EMAIL_HOST_PASSWORD, METRICS_TOKEN) may instead be read from a file named by NAME_FILE.
 """
 
 import os
+from datetime import timedelta
 from pathlib import Path
 
 import dj_database_url
+from csp.constants import NONCE, NONE, SELF, UNSAFE_INLINE
 from django.core.exceptions import ImproperlyConfigured
+
+from config.secrets import env_secret
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -44,7 +50,7 @@ def env_list(name: str, default: str = "") -> list[str]:
 
 
 DEBUG = env_bool("DEBUG", default=True)
-SECRET_KEY = env_str("SECRET_KEY")
+SECRET_KEY = env_secret("SECRET_KEY")
 if not SECRET_KEY:
     if not DEBUG:
         raise ImproperlyConfigured("SECRET_KEY must be set when DEBUG is off")
@@ -67,6 +73,7 @@ INSTALLED_APPS = [
     "drf_spectacular_sidecar",
     "django_celery_beat",
     "django_htmx",
+    "csp",
     "fleet",
     "telemetry",
     "sizing",
@@ -74,6 +81,7 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    "csp.middleware.CSPMiddleware",  # early, so error responses carry the policy too
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -83,6 +91,10 @@ MIDDLEWARE = [
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
 ]
+
+# Database outages: a view that cannot reach the database answers 503 with a retry hint
+# (config/db_outage.py); after Django's own middleware, so that it sees the views' exceptions first.
+MIDDLEWARE.append("config.db_outage.DatabaseUnavailableMiddleware")
 
 if not DEBUG:
     # Production serves collected static files itself; runserver serves them in development.
@@ -110,9 +122,15 @@ WSGI_APPLICATION = "config.wsgi.application"
 
 # SQLite when DATABASE_URL is unset. IMMEDIATE transactions take SQLite's write lock at
 # BEGIN, so two placements cannot both read the same free slot (PostgreSQL uses row locks).
-DATABASE_URL = env_str("DATABASE_URL")
+DATABASE_URL = env_secret("DATABASE_URL")
 if DATABASE_URL:
-    DATABASES = {"default": dj_database_url.parse(DATABASE_URL, conn_max_age=60)}
+    # Persistent connections, checked before each request reuses one: after a database restart
+    # the first request reconnects instead of failing on the dead connection.
+    DATABASES = {"default": dj_database_url.parse(DATABASE_URL, conn_max_age=60, conn_health_checks=True)}
+    # The PostgreSQL image's own variable: one secret for the server and the app, and a
+    # DATABASE_URL that carries no password (it then appears in no config file).
+    if _postgres_password := env_secret("POSTGRES_PASSWORD"):
+        DATABASES["default"]["PASSWORD"] = _postgres_password
 else:
     DATABASES = {
         "default": {
@@ -213,8 +231,8 @@ FLEET_DEFAULT_RAM_OVERCOMMIT = env_float("FLEET_DEFAULT_RAM_OVERCOMMIT", 1.0)
 
 # Celery: Redis when REDIS_URL is set (production, docker-compose); otherwise kombu's
 # filesystem transport in a local folder, so the embedded default needs no server.
-REDIS_URL = env_str("REDIS_URL")
-CELERY_BROKER_URL = env_str("CELERY_BROKER_URL", REDIS_URL or "filesystem://")
+REDIS_URL = env_secret("REDIS_URL")
+CELERY_BROKER_URL = env_secret("CELERY_BROKER_URL", REDIS_URL or "filesystem://")
 if CELERY_BROKER_URL == "filesystem://":
     _queue_dir = Path(env_str("CELERY_QUEUE_DIR", str(BASE_DIR / "var" / "celery-queue")))
     # config/celery.py creates these folders; kombu's defaults are relative to the working directory.
@@ -241,10 +259,13 @@ CELERY_IMPORTS = ["telemetry.rollup_tasks"]
 CELERY_BEAT_SCHEDULER = "django_celery_beat.schedulers:DatabaseScheduler"
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+# A worker whose broker went away keeps trying to reconnect however long the outage lasts
+# (Celery's default gives up and exits after 100 attempts, some 45 minutes).
+CELERY_BROKER_CONNECTION_MAX_RETRIES = None
 
 # Telemetry: agent tokens are derived from this key (defaults to SECRET_KEY; changing it
 # revokes every agent token). An agent not seen for TELEMETRY_STALE_AFTER_S is stale.
-AGENT_TOKEN_KEY = env_str("AGENT_TOKEN_KEY")
+AGENT_TOKEN_KEY = env_secret("AGENT_TOKEN_KEY")
 TELEMETRY_POLL_INTERVAL_S = env_float("TELEMETRY_POLL_INTERVAL_S", 10.0)
 TELEMETRY_STALE_AFTER_S = env_float("TELEMETRY_STALE_AFTER_S", 60.0)
 TELEMETRY_BATCH_SIZE = int(env_float("TELEMETRY_BATCH_SIZE", 50))
@@ -265,7 +286,7 @@ TELEMETRY_ROLLUP_LATE_S = env_float("TELEMETRY_ROLLUP_LATE_S", 120.0)
 TELEMETRY_PRUNE_BATCH = int(env_float("TELEMETRY_PRUNE_BATCH", 10_000))
 # Prometheus exposition at /metrics: with a token, scrapers send `Authorization: Bearer <token>`;
 # without one, only staff sessions and requests from loopback may read it.
-METRICS_TOKEN = env_str("METRICS_TOKEN")
+METRICS_TOKEN = env_secret("METRICS_TOKEN")
 
 # Sizing: right-sizing suggestions judge each VM on its hourly rollups of the last
 # SIZING_WINDOW_DAYS days (NVIDIA's proof-of-concept advice: two weeks of real work).
@@ -286,5 +307,83 @@ DEFAULT_FROM_EMAIL = env_str("DEFAULT_FROM_EMAIL", "vgpu-fleet@localhost")
 EMAIL_HOST = env_str("EMAIL_HOST", "localhost")
 EMAIL_PORT = int(env_str("EMAIL_PORT", "25"))
 EMAIL_HOST_USER = env_str("EMAIL_HOST_USER")
-EMAIL_HOST_PASSWORD = env_str("EMAIL_HOST_PASSWORD")
+EMAIL_HOST_PASSWORD = env_secret("EMAIL_HOST_PASSWORD")
 EMAIL_USE_TLS = env_bool("EMAIL_USE_TLS")
+
+# --- HTTPS, cookies, headers and content security policy (production) ---------------------
+# With DEBUG off every HTTPS setting is on unless switched off: the dashboard sits behind a
+# TLS-terminating reverse proxy (docs/operations.md, Deploying). In DEBUG (development, tests)
+# plain http keeps working. `manage.py check --deploy` passes with no warning on the defaults.
+SECURE_SSL_REDIRECT = env_bool("SECURE_SSL_REDIRECT", default=not DEBUG)
+# Health probes of docker compose and load balancers speak plain http inside the network.
+SECURE_REDIRECT_EXEMPT = [r"^healthz$"]
+SESSION_COOKIE_SECURE = env_bool("SESSION_COOKIE_SECURE", default=not DEBUG)
+CSRF_COOKIE_SECURE = env_bool("CSRF_COOKIE_SECURE", default=not DEBUG)
+# HSTS: one year once in production; 0 switches it off. Preload only marks the header as
+# eligible for the browsers' preload list; nothing is submitted anywhere.
+SECURE_HSTS_SECONDS = int(env_float("SECURE_HSTS_SECONDS", 0 if DEBUG else 31_536_000))
+SECURE_HSTS_INCLUDE_SUBDOMAINS = env_bool("SECURE_HSTS_INCLUDE_SUBDOMAINS", default=True)
+SECURE_HSTS_PRELOAD = env_bool("SECURE_HSTS_PRELOAD", default=True)
+# Only behind a proxy that sets X-Forwarded-Proto itself (and strips the client's): trusting
+# the header otherwise lets any client claim https.
+if env_bool("SECURE_PROXY_SSL_HEADER"):
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+X_FRAME_OPTIONS = "DENY"
+SECURE_CONTENT_TYPE_NOSNIFF = True
+SECURE_REFERRER_POLICY = "same-origin"
+SECURE_CROSS_ORIGIN_OPENER_POLICY = "same-origin"
+SESSION_COOKIE_HTTPONLY = True
+# Error pages and mails hide connection URLs too (their passwords sit in the URL).
+DEFAULT_EXCEPTION_REPORTER_FILTER = "config.error_reports.SecretSafeExceptionReporterFilter"
+
+# Content security policy, enforced in development and tests as in production, so a page
+# that would break under it breaks in the browser tests. Scripts come from our own static
+# files only: no inline script, no eval (htmx and plotly.js need neither for what the pages
+# use). The one exception is the API docs page, whose Swagger UI start-up script (rendered
+# per request by drf-spectacular) carries a per-response nonce. Styles allow inline because
+# plotly.js injects <style> elements and sets style attributes as it draws, and the capacity
+# bars set their width in a style attribute; inline CSS cannot run script.
+CONTENT_SECURITY_POLICY = {
+    "DIRECTIVES": {
+        "default-src": [SELF],
+        "script-src": [SELF, NONCE],
+        "style-src": [SELF, UNSAFE_INLINE],
+        # plotly.js draws heatmaps as data: images
+        "img-src": [SELF, "data:"],
+        "font-src": [SELF],
+        "connect-src": [SELF],
+        "object-src": [NONE],
+        "base-uri": [SELF],
+        "form-action": [SELF],
+        "frame-ancestors": [NONE],
+    },
+}
+
+# --- Sign-in throttling (django-axes; config/lockout.py) ------------------------------------
+# AXES_FAILURE_LIMIT failed sign-ins for one user name from one address lock that pair out for
+# AXES_COOLOFF_MINUTES (counted from the last failure); the sign-in page says how long. API
+# tokens are not throttled. `manage.py axes_reset_username <name>` lifts a lockout early.
+INSTALLED_APPS.append("axes")
+MIDDLEWARE.append("axes.middleware.AxesMiddleware")  # last, as axes asks
+AUTHENTICATION_BACKENDS = [
+    "config.lockout.SignInThrottleBackend",  # an AxesStandaloneBackend; must come first
+    "django.contrib.auth.backends.ModelBackend",
+]
+AXES_FAILURE_LIMIT = 5
+AXES_COOLOFF_TIME = timedelta(minutes=env_float("AXES_COOLOFF_MINUTES", 15))
+AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
+AXES_RESET_ON_SUCCESS = True
+AXES_LOCKOUT_CALLABLE = "config.lockout.lockout_response"
+# The client address is the connection's: a forwarded-for header is the client's to forge.
+AXES_IPWARE_META_PRECEDENCE_ORDER = ["REMOTE_ADDR"]
+
+# --- Request size limits (config/body_limits.py) ---------------------------------------------
+# No page or API call needs a body near 1 MiB (the largest are admin forms and sizing plans);
+# a larger one is refused with 413 before it is read. Nothing uploads files, so file parts get
+# the same in-memory threshold. The nvidia-smi push has its own limit, TELEMETRY_MAX_RESPONSE_BYTES.
+DATA_UPLOAD_MAX_MEMORY_SIZE = 1024 * 1024
+FILE_UPLOAD_MAX_MEMORY_SIZE = 1024 * 1024
+DATA_UPLOAD_MAX_NUMBER_FIELDS = 1000
+REQUEST_BODY_LIMIT_EXEMPT = ["/api/v1/ingest/"]
+MIDDLEWARE.insert(MIDDLEWARE.index("django.middleware.security.SecurityMiddleware") + 1,
+                  "config.body_limits.RequestBodyLimitMiddleware")

@@ -118,37 +118,54 @@ REFUSAL_WORDS = {
 }
 
 
-def gpu_states() -> tuple[list[placement.GpuState], dict[int, GpuRef], list[Vgpu]]:
-    """The placement state of every GPU, a GpuRef of each by id, and every vGPU row. Two queries."""
-    gpus = list(Gpu.objects.select_related("host", "gpu_model").order_by("host__name", "pci_bus_id", "id"))
-    vgpus = list(Vgpu.objects.select_related("profile__gpu_model").order_by("gpu_id", "placement_id", "id"))
+@dataclass(frozen=True)
+class PlacedRow:
+    """A vGPU as the overview needs it: its VM and its profile's name."""
+
+    vm_id: int
+    profile_name: str
+
+
+def gpu_states() -> tuple[list[placement.GpuState], dict[int, GpuRef], list[PlacedRow], list[placement.ProfileSpec]]:
+    """The placement state of every GPU, a GpuRef of each by id, every vGPU, and the catalog's
+    profiles. Three queries.
+
+    GPUs and vGPUs are read as plain rows (their model's columns joined) and the profiles, a few
+    hundred rows, once beside them: a studio has thousands of GPUs and vGPUs, and building a
+    model instance and its related ones per row took seconds of the page at 1,000 hosts.
+    """
+    profiles = {profile.pk: profile.to_spec() for profile in VgpuProfile.objects.select_related("gpu_model")}
+    gpus = Gpu.objects.order_by("host__name", "pci_bus_id", "id").values_list(
+        "id", "host_id", "host__name", "pci_bus_id", "mode", "size_mode", "gpu_model_id", "gpu_model__name",
+        "gpu_model__fb_mib", "gpu_model__mixed_size_capable", "gpu_model__multi_vgpu_full_only")
+    vgpus = Vgpu.objects.order_by("gpu_id", "placement_id", "id").values_list(
+        "gpu_id", "vm_id", "placement_id", "profile_id")
     placed: dict[int, list[placement.PlacedVgpu]] = defaultdict(list)
-    specs: dict[int, placement.ProfileSpec] = {}
-    for vgpu in vgpus:
-        if vgpu.profile_id not in specs:
-            specs[vgpu.profile_id] = vgpu.profile.to_spec()
-        placed[vgpu.gpu_id].append(placement.PlacedVgpu(specs[vgpu.profile_id], vgpu.vm_id, vgpu.placement_id))
+    rows = []
+    for gpu_id, vm_id, placement_id, profile_id in vgpus:
+        spec = profiles[profile_id]
+        placed[gpu_id].append(placement.PlacedVgpu(spec, vm_id, placement_id))
+        rows.append(PlacedRow(vm_id, spec.name))
     models: dict[int, placement.GpuModelSpec] = {}
     states, refs = [], {}
-    for gpu in gpus:
-        if gpu.gpu_model_id not in models:
-            models[gpu.gpu_model_id] = gpu.gpu_model.to_spec()
+    for gpu_id, host_id, host_name, pci_bus_id, mode, size_mode, model_id, *model_columns in gpus:
+        if model_id not in models:
+            name, fb_mib, mixed_size_capable, multi_vgpu_full_only = model_columns
+            models[model_id] = placement.GpuModelSpec(  # as GpuModel.to_spec
+                name=name, fb_mib=fb_mib, mixed_size_capable=mixed_size_capable,
+                multi_vgpu_full_only=multi_vgpu_full_only)
+        # The label is the PCI bus id, as Gpu.label.
         states.append(placement.GpuState(
-            id=gpu.pk, label=gpu.label, host_id=gpu.host_id, model=models[gpu.gpu_model_id],
-            mode=gpu.mode, size_mode=gpu.size_mode, vgpus=tuple(placed[gpu.pk]),
+            id=gpu_id, label=pci_bus_id, host_id=host_id, model=models[model_id],
+            mode=mode, size_mode=size_mode, vgpus=tuple(placed[gpu_id]),
         ))
-        refs[gpu.pk] = GpuRef(gpu.pk, gpu.host_id, gpu.host.name, gpu.pci_bus_id, gpu.gpu_model.name)
-    return states, refs, vgpus
+        refs[gpu_id] = GpuRef(gpu_id, host_id, host_name, pci_bus_id, models[model_id].name)
+    return states, refs, rows, list(profiles.values())
 
 
-def catalog_q_profiles(model_names: set[str]) -> list[placement.ProfileSpec]:
-    """The Q profiles of the given GPU models (candidates of `capacity.common_profiles`). One query."""
-    if not model_names:
-        return []
-    profiles = VgpuProfile.objects.select_related("gpu_model").filter(
-        gpu_model__name__in=sorted(model_names), series="Q",
-    )
-    return [profile.to_spec() for profile in profiles]
+def catalog_q_profiles(profiles: list[placement.ProfileSpec], model_names: set[str]) -> list[placement.ProfileSpec]:
+    """The Q profiles of the given GPU models (candidates of `capacity.common_profiles`)."""
+    return [profile for profile in profiles if profile.series == "Q" and profile.gpu_model in model_names]
 
 
 def _room_rows(rooms: list[capacity.ProfileRoom], refs: dict[int, GpuRef]) -> list[RoomRow]:
@@ -176,11 +193,11 @@ def _hottest(refs: dict[int, GpuRef], now: datetime) -> tuple[list[HotGpu], int]
     return ranked[:HOT_GPUS], len(refs) - len(samples)
 
 
-def _idle(vgpus: list[Vgpu], now: datetime) -> tuple[list[IdleVm], int]:
+def _idle(vgpus: list[PlacedRow], now: datetime) -> tuple[list[IdleVm], int]:
     rows, no_data = telemetry_queries.allocation_use(since=now - IDLE_WINDOW, limit=IDLE_VMS)
     profiles: dict[int, list[str]] = defaultdict(list)
     for vgpu in vgpus:
-        profiles[vgpu.vm_id].append(vgpu.profile.name)
+        profiles[vgpu.vm_id].append(vgpu.profile_name)
     return [
         IdleVm(
             vm_id=row["vm_id"], vm_name=row["vm_name"], artist_name=row["artist_name"],
@@ -202,10 +219,10 @@ def _agents() -> tuple[list[tuple[str, str, int]], list]:
 
 def load_overview(now: datetime) -> Overview:
     """Read everything the overview shows, as of `now`. A fixed number of queries (ten)."""
-    states, refs, vgpus = gpu_states()
+    states, refs, vgpus, profiles = gpu_states()
     usage = capacity.profile_usage(states)
     vgpu_models = {state.model.name for state in states if state.mode != GpuMode.PASSTHROUGH}
-    rooms = capacity.fleet_room(states, catalog_q_profiles(vgpu_models))
+    rooms = capacity.fleet_room(states, catalog_q_profiles(profiles, vgpu_models))
     agent_counts, attention = _agents()
     hottest, without_sample = _hottest(refs, now)
     idle, idle_no_data = _idle(vgpus, now)

@@ -6,6 +6,7 @@ figures (`allocated_vcpus`, `used_fb_mib`, ...) come from annotations of `fleet.
 list costs the same number of queries whatever its length.
 """
 
+from drf_spectacular.extensions import OpenApiSerializerExtension
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
@@ -159,3 +160,24 @@ class DetailSerializer(serializers.Serializer):
     """Body of a plain error, e.g. a 409 when a deleted object is still referred to."""
 
     detail = serializers.CharField()
+
+
+class InvalidOrRefusedSerializer(serializers.Serializer):
+    """Body of a 400 on a write the placement rules govern: DRF's field messages (invalid input),
+    its `detail` alone (an unreadable body), or a rule's refusal (`PlacementErrorSerializer`).
+    Documented by `InvalidOrRefusedSchema`: a client must expect all three shapes."""
+
+
+class InvalidOrRefusedSchema(OpenApiSerializerExtension):
+    """Schema of `InvalidOrRefusedSerializer`: any of the three bodies a 400 of such a write has."""
+
+    target_class = InvalidOrRefusedSerializer
+
+    def map_serializer(self, auto_schema, direction):
+        field_messages = {"type": "object", "description": "Messages by field name (`non_field_errors`: the whole)",
+                          "additionalProperties": {"type": "array", "items": {"type": "string"}}}
+        return {"anyOf": [
+            auto_schema.resolve_serializer(PlacementErrorSerializer, direction).ref,
+            auto_schema.resolve_serializer(DetailSerializer, direction).ref,
+            field_messages,
+        ]}

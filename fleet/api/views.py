@@ -17,7 +17,7 @@ from fleet.api.exceptions import Conflict, in_use_message
 from fleet.api.permissions import IsFleetAdminOrReadOnly
 
 RULE_REFUSED = OpenApiResponse(
-    serializers.PlacementErrorSerializer,
+    serializers.InvalidOrRefusedSerializer,
     description="Invalid input (field messages), or a placement rule refused the change (`detail` and "
                 "`violations`, each naming its `rule`)",
 )

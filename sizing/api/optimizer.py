@@ -42,8 +42,9 @@ class SummarySerializer(serializers.Serializer):
 class OptimizerRunSerializer(serializers.ModelSerializer):
     """A run as listed: its state and the summary of its plan (null until done)."""
 
-    created_by = serializers.SlugRelatedField(slug_field="username", read_only=True)
-    applied_by = serializers.SlugRelatedField(slug_field="username", read_only=True)
+    # Null for a run not applied yet, and once the user who started or applied it is deleted.
+    created_by = serializers.SlugRelatedField(slug_field="username", read_only=True, allow_null=True)
+    applied_by = serializers.SlugRelatedField(slug_field="username", read_only=True, allow_null=True)
     summary = SummarySerializer(read_only=True, allow_null=True)
 
     class Meta:

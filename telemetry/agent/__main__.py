@@ -15,6 +15,7 @@ agent usually runs under systemd or docker where a traceback is the least readab
 from __future__ import annotations
 
 import argparse
+import hmac
 import logging
 import os
 import signal
@@ -134,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         token = read_token(args.token_file)
         write_token = read_token(args.write_token_file) if args.write_token_file else None
-        if write_token is not None and write_token == token:
+        if write_token is not None and hmac.compare_digest(write_token, token):
             raise ConfigError("the write token must differ from the read token")
         backend = make_backend(args.backend, args.scenario)
     except (ConfigError, ScenarioError) as exc:

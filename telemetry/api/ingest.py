@@ -2,7 +2,9 @@
 
 Authentication is the pushing Agent's bearer token (`Authorization: Bearer <token>`), found
 by its SHA-256 (`Agent.token_sha256`): the lookup compares hashes, so response time reveals
-nothing about the token. Agent tokens authenticate here and nowhere else: the other API
+nothing about the token, and the token is then checked, in constant time, against the one
+derived from the current AGENT_TOKEN_KEY (a new key revokes every token; rotate each push
+agent's token afterwards). Agent tokens authenticate here and nowhere else: the other API
 views accept user tokens (`Token <key>`) and sessions only, and this view accepts agent
 tokens only; `request.user` stays anonymous, so no user permission can ever pass on an agent
 token.
@@ -16,6 +18,7 @@ document (malformed, an XML bomb, too large, stamped too far off) sets `last_err
 from __future__ import annotations
 
 import hashlib
+import hmac
 import time
 from datetime import UTC, datetime
 
@@ -64,7 +67,9 @@ class AgentTokenAuthentication(BaseAuthentication):
             raise exceptions.AuthenticationFailed("Invalid bearer header: expected 'Bearer <agent token>'.")
         digest = hashlib.sha256(header[1]).hexdigest()
         agent = Agent.objects.filter(token_sha256=digest).select_related("host").first()
-        if agent is None:
+        # The stored hash finds the agent; the token must also be the one derived from today's
+        # AGENT_TOKEN_KEY, so changing the key revokes pushed tokens as it does polled ones.
+        if agent is None or not hmac.compare_digest(header[1], agent.token.encode()):
             raise exceptions.AuthenticationFailed("Invalid agent token.")
         return _AgentPrincipal(), agent
 

@@ -1,0 +1,51 @@
+"""Sign-in throttling (django-axes): the backend that guards HTTP sign-ins, and the page a
+locked-out user sees.
+
+After AXES_FAILURE_LIMIT failed sign-ins from one address for one user name, that pair is
+refused (even with the right password) until AXES_COOLOFF_TIME has passed since the last
+failure; other users, and the same user from another address, are not affected, so a
+guessing attacker cannot lock the studio out. API tokens never pass through `authenticate()`,
+so automation is not throttled. Admins lift a lockout early with `manage.py axes_reset_username
+<name>` (or `axes_reset` for all).
+"""
+
+from __future__ import annotations
+
+import math
+
+from axes.backends import AxesStandaloneBackend
+from axes.helpers import get_cool_off
+from django.shortcuts import render
+
+LOCKED_OUT = "Too many failed sign-ins; try again in {minutes} minute{s}."
+
+
+class SignInThrottleBackend(AxesStandaloneBackend):
+    """Axes' standalone backend for sign-ins over HTTP.
+
+    `authenticate()` called without a request (management commands, the shell, the demo
+    seeding's password checks) has no client address to throttle by; axes would raise, so
+    such calls pass on to the model backend. Every web sign-in (the login page, the admin's
+    login, DRF's session and basic authentication) passes the request.
+    """
+
+    def authenticate(self, request, username=None, password=None, **kwargs):
+        if request is None:
+            return None
+        return super().authenticate(request, username=username, password=password, **kwargs)
+
+
+def lockout_minutes(request) -> int:
+    """The cool-off, in whole minutes (rounded up, at least 1)."""
+    cool_off = get_cool_off(request)
+    return max(1, math.ceil(cool_off.total_seconds() / 60)) if cool_off else 1
+
+
+def lockout_response(request, original_response=None, credentials=None):
+    """The sign-in page again, status 429, saying how long to wait; the user name stays filled."""
+    minutes = lockout_minutes(request)
+    return render(request, "registration/login.html", {
+        "lockout_message": LOCKED_OUT.format(minutes=minutes, s="" if minutes == 1 else "s"),
+        "username": (credentials or {}).get("username") or request.POST.get("username", ""),
+        "next": request.POST.get("next", "") or request.GET.get("next", ""),
+    }, status=429)
