@@ -21,7 +21,7 @@ import pytest
 from django.db.models import Count
 
 from faults.services import wait_for
-from faults.world import assert_no_duplicates, build_world, polls_per_gpu, start_collecting
+from faults.world import assert_no_duplicates, build_world, start_collecting
 from fleet.models import Gpu
 from telemetry.models import GpuSample, VgpuSample
 
@@ -39,10 +39,8 @@ def assert_whole_batches() -> None:
 
 def test_a_worker_killed_mid_batch_leaves_no_partial_batch_and_the_next_one_stores_no_duplicate(stack):
     world = build_world()
-    start_collecting(stack, world)
+    gpus = start_collecting(stack, world)
     worker = next(child for child in stack.children if child.name == "worker")
-    gpus = set(Gpu.objects.values_list("pk", flat=True))
-    assert wait_for(lambda: set(polls_per_gpu()) == gpus, 60), f"no samples before the kill\n{stack.outputs()}"
 
     with psycopg.connect(stack.database_url, autocommit=True) as admin:
         # The next ingest sees a changed scheduler reading and updates the GPU rows, after its samples.

@@ -10,9 +10,10 @@ from django.db.models import Count
 from django.test import Client
 from rest_framework.authtoken.models import Token
 
+from faults.services import wait_for
 from faults.stack import Stack, Web
 from fleet import requests as resize_requests
-from fleet.models import Host, ResizeRequest
+from fleet.models import Gpu, Host, ResizeRequest
 from fleet.tests.factories import UserFactory, profile
 from telemetry.models import GpuSample, VgpuSample
 from telemetry.tests.loopback import inventory_host
@@ -68,10 +69,14 @@ def polls_per_gpu() -> dict[int, int]:
     return dict(GpuSample.objects.values_list("gpu_id").annotate(n=Count("id")))
 
 
-def start_collecting(stack: Stack, world: World) -> None:
-    """Start an agent per host, a worker and beat: polling begins at beat's next tick."""
+def start_collecting(stack: Stack, world: World) -> set[int]:
+    """Start an agent per host, a worker and beat, and wait until every GPU has a sample (the
+    state each fault starts from); returns the GPUs' ids."""
     stack.write_agents(world.hosts)
     for agent in stack.manifest:
         stack.start_agent(agent.name)
     stack.start_worker()
     stack.start_beat()
+    gpus = set(Gpu.objects.values_list("pk", flat=True))
+    assert wait_for(lambda: set(polls_per_gpu()) == gpus, 60), f"no samples from every GPU\n{stack.outputs()}"
+    return gpus
