@@ -13,4 +13,4 @@ RUN DEBUG=false SECRET_KEY=collectstatic-only-not-a-secret python manage.py coll
 RUN useradd --system --uid 10001 --no-create-home fleet && mkdir -p /app/var /agents && chown fleet /app/var /agents
 USER fleet
 EXPOSE 8000
-CMD ["gunicorn", "config.wsgi:application", "--bind", "0.0.0.0:8000", "--workers", "3", "--access-logfile", "-"]
+CMD ["gunicorn", "config.wsgi:application", "--config", "config/gunicorn.conf.py"]

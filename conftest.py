@@ -13,6 +13,15 @@ def _fast_password_hasher(settings):
     settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 
 
+@pytest.fixture(autouse=True)
+def _empty_read_cache():
+    """Each test starts with an empty read cache: a test's rows are rolled back without a write
+    the cache could see, so the next test's reads must not find entries computed from them."""
+    from config import read_cache
+
+    read_cache.clear()
+
+
 @pytest.fixture
 def admin_user(db):
     return UserFactory(username="admin", is_staff=True, is_superuser=True)

@@ -1,6 +1,7 @@
 """Load figure: the overview page and the main API lists under concurrent clients, through gunicorn.
 
-    python bench/load.py [--hosts 1000] [--clients 50] [--seconds 60] [--workers 5] [--threads 4] [--reuse]
+    python bench/load.py [--hosts 1000] [--clients 50] [--seconds 60] [--workers N] [--threads N] [--reuse]
+                         [--compare] [--no-writes]
 
 Seeds a studio of `--hosts` hosts (`fleet.demo.seed_demo`, plus an agent per host, resize
 requests and audit events) in a private PostgreSQL database (DATABASE_URL, default
@@ -10,7 +11,9 @@ whitenoise, TLS ended by a proxy in front (X-Forwarded-Proto: https). Then `--cl
 each with its own keep-alive connection, cycle through the targets for `--seconds` seconds: `/`
 with a signed-in admin session, the API lists with a staff token. Prints requests/s and
 p50/p95/p99 latency per target and overall, and the errors (any answer but 200, or a failed
-connection). The clients run on the same machine as the server and take some of its CPU.
+connection). Meanwhile a writer thread writes as a live fleet does (`writer`; `--no-writes`
+turns it off), so the read cache (config/read_cache.py) is measured with entries going stale.
+The clients run on the same machine as the server and take some of its CPU.
 Asserts nothing; exits 1 when a request failed.
 """
 
@@ -34,6 +37,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
 os.environ.setdefault("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/bench_load")
+# The writer thread below and the server share the read cache, as a worker and the web do.
+os.environ.setdefault("CACHE_URL", "redis://127.0.0.1:6379/0")
 
 import django  # noqa: E402
 
@@ -172,10 +177,11 @@ def inventory() -> str:
 
 def staff_token() -> str:
     from django.contrib.auth import get_user_model
-    from rest_framework.authtoken.models import Token
+
+    from fleet.api_tokens import issue_token
 
     admin = get_user_model().objects.get(username=ADMIN_USERNAME)
-    return Token.objects.get_or_create(user=admin)[0].key
+    return issue_token(admin, "bench/load.py")[1]
 
 
 def free_port() -> int:
@@ -188,17 +194,23 @@ def production_env(port: int) -> dict[str, str]:
     """Settings of a production deployment behind a TLS proxy, on loopback."""
     return {**os.environ, "DEBUG": "false", "SECRET_KEY": secrets.token_urlsafe(40), "ALLOWED_HOSTS": "127.0.0.1",
             "SECURE_PROXY_SSL_HEADER": "true", "CSRF_TRUSTED_ORIGINS": f"https://127.0.0.1:{port}",
-            "DJANGO_SETTINGS_MODULE": "config.settings"}
+            "DJANGO_SETTINGS_MODULE": "config.settings",
+            # Production shares its read cache through Redis (REDIS_URL); the web workers here do too.
+            "CACHE_URL": os.environ["CACHE_URL"]}
 
 
-def start_gunicorn(port: int, workers: int, threads: int) -> subprocess.Popen:
-    env = production_env(port)
+def start_gunicorn(port: int, workers: int | None, threads: int | None, *, read_cache: bool = True) -> subprocess.Popen:
+    """gunicorn with the web container's own settings (config/gunicorn.conf.py), access log included."""
+    env = {**production_env(port), "WEB_BIND": f"127.0.0.1:{port}", "READ_CACHE_ENABLED": str(read_cache).lower()}
+    if workers:
+        env["WEB_WORKERS"] = str(workers)
+    if threads:
+        env["WEB_THREADS"] = str(threads)
     # With DEBUG off the pages name the hashed files of whitenoise's manifest.
     subprocess.run([sys.executable, "manage.py", "collectstatic", "--noinput", "-v0"], cwd=ROOT, env=env, check=True)
     command = [str(Path(sys.executable).with_name("gunicorn")), "config.wsgi:application",
-               "--bind", f"127.0.0.1:{port}", "--workers", str(workers), "--worker-class", "gthread",
-               "--threads", str(threads), "--keep-alive", "30", "--log-level", "warning"]
-    server = subprocess.Popen(command, cwd=ROOT, env=env)
+               "--config", "config/gunicorn.conf.py", "--log-level", "warning"]
+    server = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.DEVNULL)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         try:
@@ -279,6 +291,45 @@ def client(port: int, targets: list[tuple[str, dict]], start: int, until: float,
             results.errors[path].extend(values)
 
 
+#: The writer's pace: the collector's status writes of a 1,000-agent fleet polled every 10 s, and
+#: an admin's inventory edit (with its audit event) every few seconds.
+AGENTS_SEEN_PER_S = 100
+INVENTORY_EDIT_EVERY_S = 5
+
+
+def writer(until: float, done: list[int]) -> None:
+    """Writes while the clients read, as a live fleet does, so the read cache is measured with
+    its entries going stale: each second the collector's UPDATE of 100 agents' last_seen (the
+    agents list is recomputed), every INVENTORY_EDIT_EVERY_S an admin edit of a host and its
+    audit event (the hosts, GPUs and audit lists and the overview are recomputed)."""
+    from django.db import connection, transaction
+    from django.utils import timezone
+
+    from fleet import audit
+    from fleet.models import Host
+    from telemetry.models import Agent
+
+    agent_ids = list(Agent.objects.order_by("pk").values_list("pk", flat=True))
+    host_ids = list(Host.objects.order_by("pk").values_list("pk", flat=True))
+    tick = 0
+    while time.monotonic() < until:
+        next_tick = time.monotonic() + 1
+        start = tick * AGENTS_SEEN_PER_S % len(agent_ids)
+        Agent.objects.filter(pk__in=agent_ids[start:start + AGENTS_SEEN_PER_S]).update(last_seen=timezone.now())
+        done[0] += 1
+        if tick % INVENTORY_EDIT_EVERY_S == 0:
+            with transaction.atomic():
+                host = Host.objects.select_for_update().get(pk=host_ids[tick % len(host_ids)])
+                before = audit.snapshot(host)
+                host.ram_gib = 1024 if host.ram_gib != 1024 else 768
+                host.save(update_fields=["ram_gib"])
+                audit.record("host.update", host, before=before, after=audit.snapshot(host), comment="bench/load.py")
+            done[1] += 1
+        tick += 1
+        time.sleep(max(0.0, next_tick - time.monotonic()))
+    connection.close()
+
+
 def percentile(sorted_values: list[float], pct: float) -> float:
     return sorted_values[min(len(sorted_values) - 1, int(len(sorted_values) * pct / 100))]
 
@@ -300,16 +351,31 @@ def report(results: Results, seconds: float) -> int:
     return 1 if failed else 0
 
 
+def gunicorn_shape(args) -> str:
+    env = {**os.environ, **({"WEB_WORKERS": str(args.workers)} if args.workers else {}),
+           **({"WEB_THREADS": str(args.threads)} if args.threads else {})}
+    shape = subprocess.run([sys.executable, "-c", "import runpy; c = runpy.run_path('config/gunicorn.conf.py'); "
+                            "print(c['workers'], c['threads'])"], cwd=ROOT, env=env, capture_output=True, text=True,
+                           check=True).stdout.split()
+    cache_url = production_env(0)["CACHE_URL"]
+    return f"{shape[0]} workers x {shape[1]} threads (config/gunicorn.conf.py), read cache {cache_url}"
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--hosts", type=int, default=1000, help="hosts of the seeded studio (default 1000)")
     parser.add_argument("--clients", type=int, default=50, help="concurrent clients (default 50)")
     parser.add_argument("--seconds", type=float, default=60, help="measured duration (default 60)")
     parser.add_argument("--warmup", type=float, default=5, help="seconds of load before measuring (default 5)")
-    parser.add_argument("--workers", type=int, default=5, help="gunicorn worker processes (default 5)")
-    parser.add_argument("--threads", type=int, default=4, help="threads per gunicorn worker (default 4)")
+    parser.add_argument("--workers", type=int, help="gunicorn worker processes (default: config/gunicorn.conf.py)")
+    parser.add_argument("--threads", type=int, help="threads per gunicorn worker (default: config/gunicorn.conf.py)")
     parser.add_argument("--target", action="append", help="only this path (repeatable; default: all)")
     parser.add_argument("--reuse", action="store_true", help="keep the database if it holds --hosts hosts")
+    parser.add_argument("--compare", action="store_true",
+                        help="run twice, the read cache off then on, and print the ratio")
+    parser.add_argument("--no-writes", action="store_true",
+                        help="no writer thread, so every read may come from the read cache "
+                             "(default: write as a live fleet does)")
     args = parser.parse_args()
 
     admin_password = "bench-" + secrets.token_urlsafe(12)
@@ -331,27 +397,48 @@ def main() -> int:
     print(f"database: {inventory()}")
     connection.close()
 
+    print(f"load: {args.clients} clients for {args.seconds:.0f} s (after {args.warmup:.0f} s warm-up) on "
+          f"gunicorn {gunicorn_shape(args)}, PostgreSQL {pg_version}, {os.cpu_count()} CPUs")
+    if not args.compare:
+        return measure(args, admin_password, token, read_cache=True)[0]
+    # Side by side on the same database: the same load with the read cache off, then on.
+    failed_off, off = measure(args, admin_password, token, read_cache=False)
+    failed_on, on = measure(args, admin_password, token, read_cache=True)
+    print(f"\nread cache on / off: {on[0] / off[0]:.1f}x the requests/s, p95 {on[1]:.0f} ms vs {off[1]:.0f} ms "
+          f"({off[1] / on[1]:.1f}x lower)")
+    return max(failed_off, failed_on)
+
+
+def measure(args, admin_password: str, token: str, *, read_cache: bool) -> tuple[int, tuple[float, float]]:
+    """One run: gunicorn started with the read cache on or off, the clients and the writer.
+    Returns the exit status of `report` and (requests/s, p95 ms) over all targets."""
     port = free_port()
-    server = start_gunicorn(port, args.workers, args.threads)
+    server = start_gunicorn(port, args.workers, args.threads, read_cache=read_cache)
     try:
         session = sign_in(port, admin_password)
         targets = [(PAGE, {"Cookie": session})] + [(path, {"Authorization": f"Token {token}"}) for path in API_LISTS]
         if args.target:
             targets = [t for t in targets if t[0] in args.target]
-        print(f"load: {args.clients} clients for {args.seconds:.0f} s (after {args.warmup:.0f} s warm-up) on "
-              f"gunicorn {args.workers} workers x {args.threads} threads, PostgreSQL {pg_version}, "
-              f"{os.cpu_count()} CPUs, load average before {os.getloadavg()[0]:.2f}")
+        print(f"\nread cache {'on' if read_cache else 'off'}; load average before {os.getloadavg()[0]:.2f}")
         results = Results()
         record_after = time.monotonic() + args.warmup
         until = record_after + args.seconds
         threads = [threading.Thread(target=client, args=(port, targets, i, until, record_after, results))
                    for i in range(args.clients)]
+        writes = [0, 0]
+        if not args.no_writes:
+            threads.append(threading.Thread(target=writer, args=(until, writes)))
+        started_cpu_s, started_s = time.process_time(), time.monotonic()
         for thread in threads:
             thread.start()
         for thread in threads:
             thread.join()
-        print(f"load average after: {os.getloadavg()[0]:.2f}")
-        return report(results, args.seconds)
+        client_cpu = (time.process_time() - started_cpu_s) / (time.monotonic() - started_s)
+        print(f"load average after: {os.getloadavg()[0]:.2f}; the clients (and the writer) used {client_cpu:.2f} "
+              f"of a core; writes: {writes[0]} agent status updates of {AGENTS_SEEN_PER_S} agents, "
+              f"{writes[1]} host edits")
+        every = sorted(v for values in results.latencies_ms.values() for v in values)
+        return report(results, args.seconds), (len(every) / args.seconds, percentile(every, 95))
     finally:
         server.terminate()
         server.wait(timeout=30)

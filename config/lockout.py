@@ -7,14 +7,19 @@ failure; other users, and the same user from another address, are not affected, 
 guessing attacker cannot lock the studio out. API tokens never pass through `authenticate()`,
 so automation is not throttled. Admins lift a lockout early with `manage.py axes_reset_username
 <name>` (or `axes_reset` for all).
+
+The address is the connection's, or behind reverse proxies (TRUSTED_PROXY_COUNT) the one
+the outermost proxy saw: see `client_address`.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import math
 
 from axes.backends import AxesStandaloneBackend
 from axes.helpers import get_cool_off
+from django.conf import settings
 from django.shortcuts import render
 
 LOCKED_OUT = "Too many failed sign-ins; try again in {minutes} minute{s}."
@@ -33,6 +38,32 @@ class SignInThrottleBackend(AxesStandaloneBackend):
         if request is None:
             return None
         return super().authenticate(request, username=username, password=password, **kwargs)
+
+
+def client_address(request) -> str | None:
+    """The client address sign-in failures are counted against (AXES_CLIENT_IP_CALLABLE).
+
+    With TRUSTED_PROXY_COUNT = 0, the connection's peer (REMOTE_ADDR). Behind N proxies that
+    each append the address they received the request from, the N-th X-Forwarded-For entry
+    from the right: the one the outermost proxy wrote. Entries left of it came from the
+    client, which can write anything there, so a forged entry neither moves a client out of
+    its lockout nor into someone else's. A header too short to hold that entry, or holding no
+    address there, did not pass through every proxy: the connection's peer counts.
+    (django-ipware's proxy_count reads the chain from the other end, counting the client's own
+    entries, hence this function.)
+    """
+    peer = request.META.get("REMOTE_ADDR")
+    count = settings.TRUSTED_PROXY_COUNT
+    if count <= 0:
+        return peer
+    header = request.META.get("HTTP_X_FORWARDED_FOR", "")
+    entries = [entry.strip() for entry in header.split(",")] if header.strip() else []
+    if len(entries) < count:
+        return peer
+    try:
+        return str(ipaddress.ip_address(entries[-count]))
+    except ValueError:
+        return peer
 
 
 def lockout_minutes(request) -> int:

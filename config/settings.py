@@ -7,6 +7,7 @@ DATABASE_URL, POSTGRES_PASSWORD, REDIS_URL, CELERY_BROKER_URL, AGENT_TOKEN_KEY,
 EMAIL_HOST_PASSWORD, METRICS_TOKEN) may instead be read from a file named by NAME_FILE.
 """
 
+import hashlib
 import os
 from datetime import timedelta
 from pathlib import Path
@@ -67,7 +68,6 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "django.contrib.staticfiles",
     "rest_framework",
-    "rest_framework.authtoken",
     "django_filters",
     "drf_spectacular",
     "drf_spectacular_sidecar",
@@ -189,9 +189,10 @@ LOGOUT_REDIRECT_URL = "login"
 DASHBOARD_REFRESH_S = int(env_float("DASHBOARD_REFRESH_S", 15))
 
 REST_FRAMEWORK = {
-    # Token first: an anonymous API call gets 401 with a WWW-Authenticate header.
+    # Token first: an anonymous API call gets 401 with a WWW-Authenticate header. Scripts' tokens
+    # are stored as digests (fleet.api_tokens), not in DRF's authtoken table.
     "DEFAULT_AUTHENTICATION_CLASSES": [
-        "rest_framework.authentication.TokenAuthentication",
+        "fleet.api.authentication.ApiTokenAuthentication",
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
@@ -243,6 +244,35 @@ if CELERY_BROKER_URL == "filesystem://":
         "control_folder": str(_queue_dir / "control"),
         "store_processed": False,
     }
+elif CELERY_BROKER_URL.startswith(("redis://", "rediss://")):
+    # kombu waits forever on a Redis that accepts connections but never answers (a hung server,
+    # a dropped NAT entry), and a web request sending a task would hang with it. The worker's
+    # BRPOP returns every second, well within these.
+    CELERY_BROKER_TRANSPORT_OPTIONS = {"socket_connect_timeout": 3, "socket_timeout": 5}
+# The cache holds the read cache's entries and table versions (config/read_cache.py), so every
+# web and worker process must share it: Redis when REDIS_URL is set (production), a folder for
+# the embedded `runfleet` (it sets CACHE_URL=file://...), one process's memory otherwise.
+# CACHE_URL=none:// turns the read cache off. Keys carry the database's identity, so two
+# deployments (or test runs) sharing one Redis never serve each other's rows.
+CACHE_URL = env_secret("CACHE_URL", REDIS_URL or "locmem://")
+_cache_scheme, _, _cache_rest = CACHE_URL.partition("://")
+if _cache_scheme in ("redis", "rediss", "unix"):
+    _cache = {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": CACHE_URL,
+              "OPTIONS": {"socket_connect_timeout": 0.5, "socket_timeout": 0.5}}
+elif _cache_scheme == "file":
+    _cache = {"BACKEND": "django.core.cache.backends.filebased.FileBasedCache", "LOCATION": _cache_rest,
+              "OPTIONS": {"MAX_ENTRIES": 5000}}
+elif _cache_scheme == "locmem":
+    _cache = {"BACKEND": "django.core.cache.backends.locmem.LocMemCache", "OPTIONS": {"MAX_ENTRIES": 5000}}
+elif _cache_scheme == "none":
+    _cache = {"BACKEND": "django.core.cache.backends.dummy.DummyCache"}
+else:
+    raise ImproperlyConfigured(f"CACHE_URL must start with redis://, rediss://, file://, locmem:// or none://, "
+                               f"not {_cache_scheme}://")
+_database_identity = ":".join(str(DATABASES["default"].get(k) or "") for k in ("HOST", "PORT", "NAME"))
+CACHES = {"default": {**_cache, "KEY_PREFIX": hashlib.sha256(_database_identity.encode()).hexdigest()[:12]}}
+READ_CACHE_ENABLED = env_bool("READ_CACHE_ENABLED", default=True) and _cache_scheme != "none"
+
 # Deployments (or test runs) sharing one Redis keep apart by queue name.
 CELERY_TASK_DEFAULT_QUEUE = env_str("CELERY_QUEUE", "celery")
 CELERY_TASK_SERIALIZER = "json"
@@ -374,8 +404,16 @@ AXES_COOLOFF_TIME = timedelta(minutes=env_float("AXES_COOLOFF_MINUTES", 15))
 AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
 AXES_RESET_ON_SUCCESS = True
 AXES_LOCKOUT_CALLABLE = "config.lockout.lockout_response"
-# The client address is the connection's: a forwarded-for header is the client's to forge.
-AXES_IPWARE_META_PRECEDENCE_ORDER = ["REMOTE_ADDR"]
+# Which address a failure counts against (config/lockout.py client_address): the connection's,
+# or behind TRUSTED_PROXY_COUNT reverse proxies that append to X-Forwarded-For (nginx's
+# $proxy_add_x_forwarded_for, Traefik), the one the outermost of them saw. Leave it 0 unless
+# every request passes through them: X-Forwarded-For is otherwise the client's to forge.
+AXES_CLIENT_IP_CALLABLE = "config.lockout.client_address"
+TRUSTED_PROXY_COUNT = env_float("TRUSTED_PROXY_COUNT", 0.0)
+if TRUSTED_PROXY_COUNT < 0 or not TRUSTED_PROXY_COUNT.is_integer():
+    raise ImproperlyConfigured(f"TRUSTED_PROXY_COUNT={TRUSTED_PROXY_COUNT:g} must be a whole number of proxies, "
+                               f"0 or more")
+TRUSTED_PROXY_COUNT = int(TRUSTED_PROXY_COUNT)
 
 # --- Request size limits (config/body_limits.py) ---------------------------------------------
 # No page or API call needs a body near 1 MiB (the largest are admin forms and sizing plans);

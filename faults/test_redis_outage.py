@@ -2,12 +2,15 @@
 
 What must hold: the samples stored before stay; an admin can approve a resize request while
 Redis is down (approval writes only to PostgreSQL, and its notification e-mail failing is
-logged, never the request's failure); the pages keep serving; once Redis is back, beat and
-the worker reconnect on their own and collection resumes, with no duplicate sample.
+logged, never the request's failure); the pages keep serving; starting an optimizer run, which
+needs the broker, is answered within seconds with why it did not start, never a server error;
+once Redis is back, beat and the worker reconnect on their own, collection resumes with no
+duplicate sample, and a run started again is computed.
 """
 
 from __future__ import annotations
 
+import json
 import time
 
 import pytest
@@ -24,6 +27,7 @@ from faults.world import (
 )
 from fleet.choices import ResizeStatus
 from fleet.models import ResizeRequest
+from sizing.models import OptimizerRun, OptimizerStatus
 from telemetry.models import GpuSample
 
 pytestmark = pytest.mark.faults
@@ -52,6 +56,21 @@ def test_collection_resumes_after_redis_restarts_and_nothing_stored_or_approved_
     assert status == 200, body
     assert ResizeRequest.objects.get(pk=world.request.pk).status == ResizeStatus.APPROVED
     assert wait_for(lambda: stack.web_child.count("could not send mail") >= 1, 15), stack.outputs()
+    # An optimizer run needs the worker: the answer comes within seconds and says why the run did
+    # not start; the run is kept, failed with that reason, and its page shows it.
+    asked_at = time.monotonic()
+    status, body, _ = automation.post("/api/v1/optimizer-runs/", {})
+    assert status == 503, body
+    assert time.monotonic() - asked_at < 15
+    answer = json.loads(body)
+    assert answer["detail"] == ("Could not queue the run: the task queue (Redis) is unreachable; start it again "
+                                "once it is back.")
+    failed = OptimizerRun.objects.get(pk=answer["run"])
+    assert (failed.status, failed.error) == (OptimizerStatus.FAILED, answer["detail"])
+    status, body, _ = web.get(f"/sizing/optimizer/{failed.pk}/")
+    assert status == 200, body[-2000:]
+    assert "Could not queue the run: the task queue (Redis) is unreachable" in body
+    assert stack.web_child.count("could not queue sizing.tasks.run_optimizer: the task queue is unreachable") == 1
 
     # Outage of a few poll intervals: nothing stored is lost; beat and the worker stay up.
     time.sleep(3 * POLL_INTERVAL_S)
@@ -66,6 +85,11 @@ def test_collection_resumes_after_redis_restarts_and_nothing_stored_or_approved_
         return set(fresh) == gpus
 
     assert wait_for(resumed, 90), f"collection did not resume after Redis came back\n{stack.outputs()}"
+    # Started again once Redis is back (the web server's broker connection is renewed on its own).
+    status, body, _ = automation.post("/api/v1/optimizer-runs/", {})
+    assert status == 201, body
+    again = json.loads(body)["id"]
+    assert wait_for(lambda: OptimizerRun.objects.get(pk=again).status == OptimizerStatus.DONE, 60), stack.outputs()
     assert before <= sample_keys()
     assert_no_duplicates()
     assert ResizeRequest.objects.get(pk=world.request.pk).status == ResizeStatus.APPROVED

@@ -8,11 +8,11 @@ from dataclasses import dataclass
 from django.conf import settings
 from django.db.models import Count
 from django.test import Client
-from rest_framework.authtoken.models import Token
 
 from faults.services import wait_for
 from faults.stack import Stack, Web
 from fleet import requests as resize_requests
+from fleet.api_tokens import issue_token
 from fleet.models import Gpu, Host, ResizeRequest
 from fleet.tests.factories import UserFactory, profile
 from telemetry.models import GpuSample, VgpuSample
@@ -37,7 +37,7 @@ def build_world() -> World:
     request = resize_requests.file_request(vm, admin, profile("RTX6000-8Q"), 1, "smaller, the shot is lighter")
     client = Client()
     client.force_login(admin)
-    return World(hosts=[studio, render], request=request, admin_token=Token.objects.create(user=admin).key,
+    return World(hosts=[studio, render], request=request, admin_token=issue_token(admin, "fault tests")[1],
                  admin_session=client.cookies[settings.SESSION_COOKIE_NAME].value)
 
 

@@ -5,7 +5,8 @@ as the API's do: a vGPU is added by `services.place_vgpu` and removed by
 `services.remove_vgpu`, GPUs, hosts and VMs are saved by `update_gpu`, `update_host` and
 `update_vm`. A refusal is shown on the form as the rule's own sentence. vGPUs cannot be
 edited once placed (a resize is its own workflow). Changelists load what their columns show
-with a fixed number of queries, however many rows they list.
+with a fixed number of queries, however many rows they list. API tokens are issued and revoked
+through `fleet.api_tokens`; a new token's key is shown once.
 """
 
 from __future__ import annotations
@@ -14,10 +15,12 @@ from django.contrib import admin
 from django.db import transaction
 from django.db.models import Count, IntegerField, OuterRef, Prefetch, Subquery, Sum
 from django.db.models.functions import Coalesce
+from django.template.response import TemplateResponse
 from django.urls import reverse
+from django.utils.cache import add_never_cache_headers
 from django.utils.html import format_html
 
-from fleet import placement, services
+from fleet import api_tokens, placement, services
 from fleet.admin_audit import AuditedAdmin, AuditedDeleteMixin
 from fleet.forms import (
     GpuForm,
@@ -27,9 +30,10 @@ from fleet.forms import (
     VgpuProfileForm,
     VirtualMachineForm,
 )
-from fleet.models import Artist, Gpu, GpuModel, Host, Vgpu, VgpuProfile, VirtualMachine
+from fleet.models import ApiToken, Artist, Gpu, GpuModel, Host, Vgpu, VgpuProfile, VirtualMachine
 
 REFUSAL_ATTR = "_fleet_save_refusal"
+ISSUED_KEY_ATTR = "_fleet_issued_api_key"
 
 
 def per_parent(model, fk: str, aggregate) -> Coalesce:
@@ -355,3 +359,49 @@ class VgpuAdmin(RuleGovernedAdmin):
     @admin.display(description="frame buffer, MiB", ordering="profile__fb_mib")
     def fb_mib(self, obj):
         return obj.profile.fb_mib
+
+
+@admin.register(ApiToken)
+class ApiTokenAdmin(admin.ModelAdmin):
+    """Scripts' API tokens, listed by prefix, user, name and last use; the digest is never shown.
+
+    Adding one issues a key through `fleet.api_tokens` and shows it on the page that follows,
+    once: not cached, and never in a flash message, which would travel in a cookie. Deleting
+    one revokes it. Tokens are not edited: another purpose gets another token.
+    """
+
+    list_display = ["prefix", "user", "name", "created_at", "last_used_at"]
+    list_select_related = ["user"]
+    search_fields = ["prefix", "name", "user__username"]
+    view_fields = ["prefix", "user", "name", "created_at", "last_used_at"]
+
+    def get_fields(self, request, obj=None):
+        return ["user", "name"] if obj is None else self.view_fields
+
+    def get_readonly_fields(self, request, obj=None):
+        return [] if obj is None else self.view_fields
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def save_model(self, request, obj, form, change):
+        setattr(request, ISSUED_KEY_ATTR, api_tokens.issue_key(obj))
+
+    def response_add(self, request, obj, post_url_continue=None):
+        response = TemplateResponse(request, "admin/fleet/apitoken/issued.html", {
+            **self.admin_site.each_context(request),
+            "title": f"API token {obj.prefix} issued for {obj.user.get_username()}",
+            "token": obj,
+            "key": getattr(request, ISSUED_KEY_ATTR),
+            "opts": self.opts,
+        })
+        add_never_cache_headers(response)
+        return response
+
+    def delete_model(self, request, obj):
+        api_tokens.revoke_token(obj)
+
+    def delete_queryset(self, request, queryset):
+        with transaction.atomic():
+            for token in queryset.select_related("user").order_by("pk"):
+                api_tokens.revoke_token(token)

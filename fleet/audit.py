@@ -37,7 +37,8 @@ SKIPPED_FIELDS = frozenset({"password", "token_hash", "token", "token_salt", "to
 #: Object types of models whose model name is not the one the log uses.
 OBJECT_TYPES = {"virtualmachine": "vm", "gpumodel": "gpu_model", "vgpuprofile": "vgpu_profile",
                 "workflowpreset": "workflow_preset", "optimizerrun": "optimizer_run",
-                "resizerequest": "resize_request", "schedulerpolicy": "scheduler_policy"}
+                "resizerequest": "resize_request", "schedulerpolicy": "scheduler_policy",
+                "apitoken": "api_token"}
 
 
 def source_of(path: str) -> str:

@@ -1,4 +1,5 @@
-"""Fleet inventory: GPU models and their vGPU profiles, hosts, GPUs, artists, VMs and vGPUs.
+"""Fleet inventory: GPU models and their vGPU profiles, hosts, GPUs, artists, VMs and vGPUs;
+and the API tokens scripts sign in with.
 
 Whether a vGPU fits is not decided here but in `fleet.placement`; these models only keep
 one row's invariants (database constraints) and turn rows into the placement dataclasses.
@@ -10,6 +11,7 @@ from django.conf import settings
 from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 from django.db.models import Q
+from django.utils import timezone
 
 from fleet import placement
 from fleet.choices import (
@@ -328,6 +330,34 @@ class Notification(models.Model):
 
     def __str__(self):
         return f"{self.user}: {self.message[:60]}"
+
+
+class ApiToken(models.Model):
+    """A key that a script presents as `Authorization: Token <key>` to act as `user`.
+
+    Only the key's SHA-256 is kept, so a database dump or read access to the table hands out
+    no credentials; the key itself is shown once, when `fleet.api_tokens` issues it. Keys are
+    192 random bits, so an unsalted digest cannot be reversed by guessing, and its unique
+    index finds the token in one lookup. `prefix` (the key's first characters) lets people
+    tell their tokens apart in lists and name one to revoke.
+    """
+
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="api_tokens")
+    name = models.CharField(max_length=100, blank=True, help_text="What the token is for, e.g. 'render farm sync'")
+    prefix = models.CharField(max_length=8, editable=False, help_text="The key's first characters")
+    token_sha256 = models.CharField(max_length=64, editable=False)
+    created_at = models.DateTimeField(default=timezone.now, editable=False)
+    last_used_at = models.DateTimeField(null=True, blank=True, editable=False,
+                                        help_text="Written at most once a minute")
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        verbose_name = "API token"
+        constraints = [models.UniqueConstraint(fields=["token_sha256"], name="apitoken_token_sha256_unique")]
+        indexes = [models.Index(fields=["prefix"], name="apitoken_prefix_idx")]
+
+    def __str__(self):
+        return f"{self.prefix}… ({self.name})" if self.name else f"{self.prefix}…"
 
 
 class SchedulerPolicy(models.Model):

@@ -6,7 +6,8 @@ The optimizer itself is pure (`sizing.optimizer`); this module is its Django sid
   right-sizing suggestions, optionally what-if changes), stores them in the run's `params`
   and queues `sizing.tasks.run_optimizer` once the run is committed. One run at a time may
   be queued or running: a plan is computed against the whole fleet, so two at once would
-  only race each other for the worker.
+  only race each other for the worker. A run the task queue (Redis) cannot take is marked
+  failed at once, saying so, rather than left queued where it would block every later run.
 - `execute_run` is the task's body: it claims the run by a conditional update, plans on a
   snapshot of the fleet, writes its progress as it goes (its own autocommitted UPDATEs, so
   the page's progress bar moves while the worker computes), checks the plan against every
@@ -31,6 +32,7 @@ from django.db.models import Count, F, Q, QuerySet
 from django.db.models.fields.json import KeyTransform
 from django.utils import timezone
 
+from config.celery import QueueUnavailable, send_from_request
 from fleet import audit, services
 from fleet.choices import ResizeStatus
 from fleet.models import Gpu, Host, ResizeRequest, Vgpu, VgpuProfile, VirtualMachine
@@ -61,6 +63,8 @@ SUGGESTION_SOURCE = "suggestion"
 MANUAL_SOURCE = "manual"
 
 FLEET_CHANGED = "The fleet changed since this plan was computed; run the optimizer again."
+QUEUE_UNREACHABLE = ("Could not queue the run: the task queue (Redis) is unreachable; start it again once it is "
+                     "back.")
 
 # A key of the PostgreSQL advisory lock that serializes `start_run` (the letters "OPTR").
 _START_LOCK_KEY = 0x4F505452
@@ -212,7 +216,8 @@ def start_run(user, include_requests: bool = True, include_suggestions: bool = F
 
     Raises RunInProgress (carrying that run) while another run is queued or running: the
     caller shows it rather than starting a second one. The task is sent only once the run
-    is committed, so the worker always finds the row.
+    is committed, so the worker always finds the row. When the task queue cannot take it,
+    the run comes back failed with QUEUE_UNREACHABLE as its error (see `send_run`).
     """
     with transaction.atomic():
         _serialize_starts()
@@ -236,15 +241,33 @@ def start_run(user, include_requests: bool = True, include_suggestions: bool = F
                      comment=f"{len(changes)} pending change(s); resize requests "
                              f"{'included' if include_requests else 'left out'}, suggestions "
                              f"{'included' if include_suggestions else 'left out'}")
-        transaction.on_commit(lambda: enqueue(run.pk))
+        transaction.on_commit(lambda: send_run(run))
     return run
 
 
 def enqueue(run_id: int) -> None:
-    """Send the run to a Celery worker (a function of its own so tests can intercept it)."""
+    """Send the run to a Celery worker (a function of its own so tests can intercept it);
+    raises QueueUnavailable when the broker cannot be reached."""
     from sizing import tasks  # sizing.tasks imports this module
 
-    tasks.run_optimizer.delay(run_id)
+    send_from_request(tasks.run_optimizer, run_id)
+
+
+def send_run(run: OptimizerRun) -> None:
+    """Send a committed run to a worker; when the task queue is unreachable, mark it failed
+    with QUEUE_UNREACHABLE, in the database and on `run` (its starter shows it at once).
+
+    Left queued, a run no worker will ever receive would block every later run until
+    `abandon_lost_runs` gave up on it minutes later.
+    """
+    try:
+        enqueue(run.pk)
+    except QueueUnavailable:
+        now = timezone.now()
+        OptimizerRun.objects.filter(pk=run.pk, status=OptimizerStatus.PENDING).update(
+            status=OptimizerStatus.FAILED, error=QUEUE_UNREACHABLE, finished_at=now, stage="Failed",
+        )
+        run.status, run.error, run.finished_at, run.stage = OptimizerStatus.FAILED, QUEUE_UNREACHABLE, now, "Failed"
 
 
 # Carrying a run out ---------------------------------------------------------------------------

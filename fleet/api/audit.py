@@ -18,6 +18,7 @@ from django.utils import timezone
 from rest_framework import serializers, viewsets
 from rest_framework.renderers import BaseRenderer, BrowsableAPIRenderer, JSONRenderer
 
+from fleet.api.caching import CachedListMixin
 from fleet.api.permissions import IsFleetAdmin
 from fleet.choices import AuditSource
 from fleet.models import AuditEvent
@@ -119,7 +120,7 @@ def csv_rows(queryset):
         ])
 
 
-class AuditEventViewSet(viewsets.ReadOnlyModelViewSet):
+class AuditEventViewSet(CachedListMixin, viewsets.ReadOnlyModelViewSet):
     """The audit log, newest first; `?format=csv` exports every matching event."""
 
     queryset = AuditEvent.objects.all()

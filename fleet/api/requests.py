@@ -15,6 +15,7 @@ from rest_framework.permissions import IsAuthenticated
 from rest_framework.response import Response
 
 from fleet import requests as service
+from fleet.api.caching import CachedListMixin
 from fleet.api.permissions import IsFleetAdmin
 from fleet.models import ResizeRequest, VgpuProfile
 from fleet.queries import is_fleet_admin, visible_vms
@@ -62,7 +63,7 @@ class DecisionSerializer(serializers.Serializer):
                                     help_text="Optional for approve; required for reject (the artist reads it)")
 
 
-class ResizeRequestViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.CreateModelMixin,
+class ResizeRequestViewSet(CachedListMixin, mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.CreateModelMixin,
                            viewsets.GenericViewSet):
     """Artists see and file requests for their own VMs only; approve/reject are for admins."""
 

@@ -13,6 +13,7 @@ from rest_framework.filters import OrderingFilter
 
 from fleet import audit, filtersets, queries, services
 from fleet.api import serializers
+from fleet.api.caching import CachedListMixin
 from fleet.api.exceptions import Conflict, in_use_message
 from fleet.api.permissions import IsFleetAdminOrReadOnly
 
@@ -41,7 +42,7 @@ class StableOrderingFilter(OrderingFilter):
         return ordering
 
 
-class FleetViewSetMixin:
+class FleetViewSetMixin(CachedListMixin):
     """Common behaviour: role-scoped querysets, staff-only writes, filters, stable ordering, and
     responses to writes rendered from a fresh read (so annotated figures are current)."""
 

@@ -25,7 +25,6 @@ from django.db import close_old_connections, transaction
 from django.utils import timezone
 from hypothesis import HealthCheck
 from hypothesis import settings as hypothesis_settings
-from rest_framework.authtoken.models import Token
 from schemathesis.checks import (
     content_type_conformance,
     not_a_server_error,
@@ -33,6 +32,7 @@ from schemathesis.checks import (
     response_schema_conformance,
 )
 
+from fleet.api_tokens import issue_token
 from fleet.models import (
     Artist,
     AuditEvent,
@@ -121,7 +121,7 @@ def fuzz_world(db, admin_user, settings):
     """The seeded fleet, the staff token's header and the ids behind each resource's `{id}`."""
     settings.ALLOWED_HOSTS = ["localhost"]
     _seed_fleet(admin_user)
-    token = Token.objects.create(user=admin_user)
+    _, key = issue_token(admin_user)
     ids = {resource: list(model.objects.order_by("pk").values_list("pk", flat=True))
            for resource, model in MODEL_OF_RESOURCE.items()}
     # As Django's test client does: the start and end of a request must not close the test's
@@ -129,7 +129,7 @@ def fuzz_world(db, admin_user, settings):
     for signal in (request_started, request_finished):
         signal.disconnect(close_old_connections)
     try:
-        yield SimpleNamespace(headers={"Authorization": f"Token {token.key}"}, ids=ids)
+        yield SimpleNamespace(headers={"Authorization": f"Token {key}"}, ids=ids)
     finally:
         for signal in (request_started, request_finished):
             signal.connect(close_old_connections)

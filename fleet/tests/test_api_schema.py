@@ -6,8 +6,9 @@ import yaml
 from django.conf import settings
 from django.contrib.staticfiles import finders
 from django.core.management import call_command
-from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
+
+from fleet.api_tokens import issue_token
 
 RESOURCES = ["gpu-models", "vgpu-profiles", "hosts", "gpus", "artists", "vms", "vgpus"]
 
@@ -51,10 +52,10 @@ def test_swagger_ui_loads_assets_from_local_static_only(admin_api):
 
 
 def test_token_authentication(fleet_world):
-    token = Token.objects.create(user=fleet_world.ana.user)
+    _, key = issue_token(fleet_world.ana.user)
     client = APIClient()
 
-    client.credentials(HTTP_AUTHORIZATION=f"Token {token.key}")
+    client.credentials(HTTP_AUTHORIZATION=f"Token {key}")
     vms = client.get("/api/v1/vms/")
     client.credentials(HTTP_AUTHORIZATION="Token not-a-real-key")
     forged = client.get("/api/v1/vms/")
@@ -69,9 +70,9 @@ def test_staff_token_can_place_a_vgpu(fleet_world, admin_user):
     """Automation: a staff user's token drives the same writes as the admin UI."""
     from fleet.tests.factories import VirtualMachineFactory
 
-    token = Token.objects.create(user=admin_user)
+    _, key = issue_token(admin_user)
     client = APIClient()
-    client.credentials(HTTP_AUTHORIZATION=f"Token {token.key}")
+    client.credentials(HTTP_AUTHORIZATION=f"Token {key}")
     vm = VirtualMachineFactory(name="ws-auto")
     response = client.post(
         "/api/v1/vgpus/",

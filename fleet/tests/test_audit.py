@@ -74,12 +74,13 @@ def test_artists_are_refused_and_anonymous_must_sign_in(api, artist_api, admin_a
 
 
 def test_tokens_follow_their_user_and_the_csv_export_is_refused_to_artists(artist, admin_user):
-    from rest_framework.authtoken.models import Token
     from rest_framework.test import APIClient
+
+    from fleet.api_tokens import issue_token
 
     def client_of(user):
         client = APIClient()
-        client.credentials(HTTP_AUTHORIZATION=f"Token {Token.objects.create(user=user).key}")
+        client.credentials(HTTP_AUTHORIZATION=f"Token {issue_token(user)[1]}")
         return client
 
     artist_token, admin_token = client_of(artist.user), client_of(admin_user)

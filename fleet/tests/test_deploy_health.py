@@ -8,8 +8,10 @@ from datetime import timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
+from django.db import OperationalError
 from django.utils import timezone
 
+import config.urls
 from config.health import main, stale_beat_entries, web_problem
 from telemetry.schedules import POLL_AGENTS, ensure_periodic_task
 
@@ -75,3 +77,27 @@ def test_web_check_asks_for_the_first_allowed_host_and_reports_a_refusal(monkeyp
     finally:
         server.shutdown()
         server.server_close()
+
+
+class UnreachableDatabase:
+    """`django.db.connection` while PostgreSQL refuses us, as psycopg words it."""
+
+    reason = ('connection to server at "db.studio.internal" (10.20.0.5), port 5432 failed: FATAL:  '
+              'password authentication failed for user "fleet"')
+
+    def cursor(self):
+        raise OperationalError(self.reason)
+
+
+def test_healthz_tells_anonymous_callers_only_that_the_database_is_unreachable(client, monkeypatch, caplog):
+    """Anyone may call /healthz: the driver's error names the database's host and user, so it goes
+    to the log for the operator, and the caller learns only that the database is unreachable."""
+    monkeypatch.setattr(config.urls, "connection", UnreachableDatabase())
+
+    with caplog.at_level("WARNING", logger="config.urls"):
+        response = client.get("/healthz")
+
+    assert response.status_code == 503
+    assert response.json() == {"status": "error", "database": "unreachable"}
+    assert "db.studio.internal" not in response.content.decode()
+    assert f"healthz: database unreachable (OperationalError: {UnreachableDatabase.reason})" in caplog.text

@@ -10,10 +10,10 @@ from typing import Any
 
 import pytest
 from django.test import Client
-from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
 from fleet import requests as service
+from fleet.api_tokens import issue_token
 from fleet.choices import ResizeStatus
 from fleet.models import Notification, ResizeRequest
 from fleet.tests.factories import UserFactory, VirtualMachineFactory, profile
@@ -42,7 +42,7 @@ def api_client(role: str, w) -> APIClient:
         client.force_login(users[role])
     elif role in ("token", "artist_token"):
         user = w.bot if role == "token" else w.ana.user
-        client.credentials(HTTP_AUTHORIZATION=f"Token {Token.objects.create(user=user).key}")
+        client.credentials(HTTP_AUTHORIZATION=f"Token {issue_token(user)[1]}")
     return client
 
 
@@ -129,7 +129,7 @@ def page_client(role: str, w) -> Client:
         client.force_login(users[role])
     elif role in ("token", "artist_token"):  # pages take sessions only: a token is nobody there
         user = w.bot if role == "token" else w.ana.user
-        client.defaults["HTTP_AUTHORIZATION"] = f"Token {Token.objects.create(user=user).key}"
+        client.defaults["HTTP_AUTHORIZATION"] = f"Token {issue_token(user)[1]}"
     return client
 
 

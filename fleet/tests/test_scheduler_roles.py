@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 from django.test import Client
 from django.urls import reverse
-from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
+from fleet.api_tokens import issue_token
 from fleet.models import AuditEvent, SchedulerPolicy
 from fleet.tests.factories import GpuFactory, HostFactory, UserFactory
 
@@ -43,7 +43,7 @@ def call(client, method: str, route: str, body: dict | None):
 
 def token_client(user) -> APIClient:
     client = APIClient()
-    client.credentials(HTTP_AUTHORIZATION=f"Token {Token.objects.create(user=user).key}")
+    client.credentials(HTTP_AUTHORIZATION=f"Token {issue_token(user)[1]}")
     return client
 
 

@@ -6,7 +6,7 @@ one unsafe request. The URL resolver is walked, so a URL added without a row her
 generated from its registry and checked the same way (non-staff never get past its login).
 
 Roles: anonymous; Ana (an artist, owner of the objects the URLs name); Bob (another artist);
-an admin (staff session); automation (a staff service user's DRF token); an agent (the bearer
+an admin (staff session); automation (a staff service user's API token); an agent (the bearer
 token of a telemetry agent that pushes nvidia-smi documents). Requests come from a LAN address,
 not loopback, as a stray process on the studio network would. Each request runs in a rolled
 back savepoint, so every role meets the same fleet.
@@ -32,9 +32,9 @@ from django.db import transaction
 from django.test import Client, RequestFactory
 from django.urls import URLPattern, URLResolver, get_resolver
 from django.utils import timezone
-from rest_framework.authtoken.models import Token
 
 from fleet import requests as request_service
+from fleet.api_tokens import issue_token
 from fleet.models import AuditEvent, Notification
 from fleet.tests.factories import UserFactory, profile
 from sizing import optimizer_runs, tasks
@@ -79,7 +79,7 @@ def security_world(fleet_world, admin_user) -> W:
     w.preset = WorkflowPreset.objects.order_by("pk").first()
     w.event = AuditEvent.objects.order_by("pk").first()
     w.agent = Agent.objects.create(name="smi-a", kind=AgentKind.NVIDIA_SMI, host=w.host_a)
-    w.token_key = Token.objects.create(user=w.bot).key
+    w.token_key = issue_token(w.bot, "ci")[1]
     return w
 
 

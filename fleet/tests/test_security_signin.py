@@ -1,7 +1,8 @@
 """Sign-in throttling (django-axes, config/lockout.py): five failed sign-ins for one user name
 from one address lock that pair out; the sixth is refused even with the right password and the
 page says how long to wait. Other users, other addresses and API tokens are unaffected; the
-lockout ends after the cool-off or when an admin resets it."""
+lockout ends after the cool-off or when an admin resets it. Behind a reverse proxy
+(TRUSTED_PROXY_COUNT) each client is counted by the address the proxy saw, whatever it forges."""
 
 from __future__ import annotations
 
@@ -11,8 +12,9 @@ import pytest
 from axes.models import AccessAttempt
 from django.core.management import call_command
 from django.test import Client
-from rest_framework.authtoken.models import Token
 
+from config.lockout import client_address
+from fleet.api_tokens import issue_token
 from fleet.tests.factories import UserFactory
 
 pytestmark = pytest.mark.django_db
@@ -103,9 +105,9 @@ def test_the_admin_login_is_throttled_too(ana):
 def test_api_tokens_are_not_throttled(ana):
     """Automation signs in with tokens, which never count as sign-in failures: a locked-out
     user's token works, and wrong tokens lock nobody out."""
-    token = Token.objects.create(user=ana)
+    _, key = issue_token(ana)
     fail("ana", 5)
-    api = Client(REMOTE_ADDR=OFFICE, HTTP_AUTHORIZATION=f"Token {token.key}")
+    api = Client(REMOTE_ADDR=OFFICE, HTTP_AUTHORIZATION=f"Token {key}")
     assert api.get("/api/v1/vms/").status_code == 200
 
     stranger = Client(REMOTE_ADDR=OTHER_DESK, HTTP_AUTHORIZATION="Token " + "0" * 40)
@@ -139,3 +141,64 @@ def test_an_admin_lifts_a_lockout_with_axes_reset_username(ana):
 
     client, _ = sign_in("ana", PASSWORD)
     assert signed_in(client)
+
+
+# Behind a reverse proxy (TRUSTED_PROXY_COUNT) -----------------------------------------------------
+
+PROXY = "172.18.0.2"  # nginx in front of gunicorn: every connection comes from it
+MAYA_DESK = "10.1.0.21"
+LEO_DESK = "10.1.0.22"
+
+
+def through_proxy(username: str, password: str, forwarded_for: str):
+    """A sign-in through the proxy, which appended the address it received it from."""
+    client = Client(REMOTE_ADDR=PROXY, HTTP_X_FORWARDED_FOR=forwarded_for)
+    return client, client.post("/login/", {"username": username, "password": password, "next": "/me/"})
+
+
+@pytest.fixture
+def one_proxy(settings):
+    settings.TRUSTED_PROXY_COUNT = 1
+
+
+def test_behind_one_proxy_each_client_is_counted_apart(ana, one_proxy):
+    for _ in range(5):
+        through_proxy("ana", "wrong-password", MAYA_DESK)
+
+    _, at_maya = through_proxy("ana", PASSWORD, MAYA_DESK)
+    leo, at_leo = through_proxy("ana", PASSWORD, LEO_DESK)
+
+    assert at_maya.status_code == 429
+    assert at_leo.status_code == 302, "another desk behind the same proxy is not locked out"
+    assert signed_in(leo)
+    assert list(AccessAttempt.objects.values_list("ip_address", flat=True)) == [MAYA_DESK]
+
+
+def test_behind_one_proxy_a_forged_forwarded_for_entry_does_not_escape_the_lockout(ana, one_proxy):
+    for _ in range(5):
+        through_proxy("ana", "wrong-password", MAYA_DESK)
+
+    # Maya's browser claims Leo's desk; the proxy appends the address it really saw.
+    forged, response = through_proxy("ana", PASSWORD, f"{LEO_DESK}, {MAYA_DESK}")
+    assert response.status_code == 429
+    assert not signed_in(forged)
+    # Nor do forged failures land on the desk they name.
+    for _ in range(5):
+        through_proxy("ana", "wrong-password", f"{LEO_DESK}, {MAYA_DESK}")
+    leo, _ = through_proxy("ana", PASSWORD, LEO_DESK)
+    assert signed_in(leo)
+
+
+@pytest.mark.parametrize(("count", "forwarded_for", "counted"), [
+    (0, "10.1.0.21", PROXY),  # no proxy trusted: the header is the client's to forge
+    (1, "", PROXY),  # a connection that did not pass through the proxy
+    (1, "10.1.0.22, 10.1.0.21", "10.1.0.21"),
+    (2, "10.1.0.22, 10.1.0.21, 192.0.2.40", "10.1.0.21"),  # a CDN in front of nginx
+    (2, "10.1.0.21", PROXY),  # fewer entries than proxies: not through all of them
+    (1, "10.1.0.22, unknown", PROXY),  # a proxy that wrote no address
+    (1, "2001:db8::21", "2001:db8::21"),
+])
+def test_the_counted_address_is_the_one_the_outermost_proxy_saw(settings, rf, count, forwarded_for, counted):
+    settings.TRUSTED_PROXY_COUNT = count
+    request = rf.post("/login/", REMOTE_ADDR=PROXY, HTTP_X_FORWARDED_FOR=forwarded_for)
+    assert client_address(request) == counted

@@ -21,7 +21,7 @@ from fleet.api.serializers import PlacementErrorSerializer
 from fleet.models import VgpuProfile, VirtualMachine
 from fleet.placement import MAX_VGPUS_PER_VM
 from sizing import optimizer, optimizer_runs
-from sizing.models import OptimizerRun
+from sizing.models import OptimizerRun, OptimizerStatus
 
 
 class IsOptimizerAdmin(IsFleetAdmin):
@@ -106,6 +106,11 @@ class RunInProgressSerializer(serializers.Serializer):
     run = serializers.IntegerField(help_text="The run queued or running now")
 
 
+class RunNotQueuedSerializer(serializers.Serializer):
+    detail = serializers.CharField()
+    run = serializers.IntegerField(help_text="The run that was stored and marked failed")
+
+
 CONFLICT = OpenApiResponse(
     PlacementErrorSerializer,
     description="The plan cannot be applied: not finished, applied already, the fleet changed since it was "
@@ -147,12 +152,16 @@ class OptimizerRunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, view
     @extend_schema(
         summary="Start an optimizer run",
         description="Queues a run; a Celery worker computes the plan. Poll the run for `progress` and `status`. "
-                    "Only one run may be queued or running at a time.",
+                    "Only one run may be queued or running at a time. While the task queue (Redis) is "
+                    "unreachable the answer is 503: the run is stored as failed, saying why; start another "
+                    "once the queue is back.",
         request=StartRunSerializer,
         responses={
             201: OptimizerRunDetailSerializer,
             400: OpenApiResponse(description="Invalid input (field messages)"),
             409: OpenApiResponse(RunInProgressSerializer, description="Another run is queued or running"),
+            503: OpenApiResponse(RunNotQueuedSerializer,
+                                 description="The task queue is unreachable; the run was stored as failed"),
         },
     )
     def create(self, request, *args, **kwargs):
@@ -166,6 +175,9 @@ class OptimizerRunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, view
                                            include_suggestions=data["include_suggestions"], vm_changes=changes)
         except optimizer_runs.RunInProgress as exc:
             return Response({"detail": str(exc), "run": exc.run.pk}, status=status.HTTP_409_CONFLICT)
+        if run.status == OptimizerStatus.FAILED:
+            # Not 201: a script that only checks for success must not poll a run that never ran.
+            return Response({"detail": run.error, "run": run.pk}, status=status.HTTP_503_SERVICE_UNAVAILABLE)
         return Response(self._fresh(run), status=status.HTTP_201_CREATED)
 
     @extend_schema(

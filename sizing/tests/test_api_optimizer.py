@@ -75,6 +75,24 @@ def test_admins_start_a_run_and_a_second_start_is_409(admin_api, admin_user, que
     assert OptimizerRun.objects.count() == 1
 
 
+# The run is sent once committed, so this test commits (and gets the catalog back afterwards).
+@pytest.mark.django_db(transaction=True, serialized_rollback=True)
+def test_while_the_task_queue_is_down_a_start_is_503_and_the_run_says_why(admin_api, admin_user, broker_down):
+    fragmented_fleet()
+    message = "Could not queue the run: the task queue (Redis) is unreachable; start it again once it is back."
+
+    response = admin_api.post(RUNS, {"include_requests": True})
+
+    assert response.status_code == 503, response.content
+    run = OptimizerRun.objects.get()
+    assert response.json() == {"detail": message, "run": run.pk}
+    shown = admin_api.get(f"{RUNS}{run.pk}/").json()
+    assert (shown["status"], shown["error"]) == ("failed", message)
+    # Started again (the queue still down): the failed run does not count as one in progress.
+    assert admin_api.post(RUNS, {}).status_code == 503
+    assert broker_down == ["sizing.tasks.run_optimizer"] * 2
+
+
 def test_a_what_if_change_is_planned(admin_api, admin_user, queued):
     world = fragmented_fleet()
     response = admin_api.post(RUNS, {"include_requests": False, "changes": [

@@ -93,6 +93,27 @@ def test_a_run_lost_by_its_worker_does_not_block_the_next_one(admin_user, queued
     assert fresh.status == OptimizerStatus.PENDING
 
 
+def test_a_run_the_task_queue_cannot_take_fails_at_once_saying_why(admin_user, broker_down, caplog,
+                                                                   django_capture_on_commit_callbacks):
+    fragmented_fleet()
+    with caplog.at_level("WARNING", logger="config.celery"), django_capture_on_commit_callbacks(execute=True):
+        run = optimizer_runs.start_run(admin_user)
+
+    assert broker_down == ["sizing.tasks.run_optimizer"]
+    message = "Could not queue the run: the task queue (Redis) is unreachable; start it again once it is back."
+    assert (run.status, run.error) == (OptimizerStatus.FAILED, message), "the caller sees it at once"
+    stored = OptimizerRun.objects.get(pk=run.pk)
+    assert (stored.status, stored.error, stored.stage) == (OptimizerStatus.FAILED, message, "Failed")
+    assert stored.finished_at is not None
+    assert ("could not queue sizing.tasks.run_optimizer: the task queue is unreachable (OperationalError: "
+            "Error 111 connecting to 127.0.0.1:6379. Connection refused.)") in caplog.text
+    # Not left queued, where it would refuse every start until abandoned minutes later.
+    with django_capture_on_commit_callbacks(execute=True):
+        again = optimizer_runs.start_run(admin_user)
+    assert again.pk != run.pk
+    assert OptimizerRun.objects.filter(status=OptimizerStatus.FAILED).count() == 2
+
+
 def test_changes_one_per_vm_the_most_deliberate_wins(admin_user):
     world = fleet_with_request(admin_user)
     newer = ResizeRequest.objects.create(vm=world.vm_c, requested_profile=profile("RTX6000-8Q"))

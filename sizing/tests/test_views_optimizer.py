@@ -131,6 +131,27 @@ def test_starting_a_run_opens_its_page(staff, admin_user, queued, django_capture
     assert queued == [run.pk]
 
 
+# The run is sent once committed, so this test commits (and gets the catalog back afterwards).
+@pytest.mark.django_db(transaction=True, serialized_rollback=True)
+def test_while_the_task_queue_is_down_starting_a_run_says_it_did_not_start_and_why(staff, broker_down):
+    fragmented_fleet()
+
+    response = staff.post(PAGE, {"include_requests": "on"}, follow=True)
+
+    run = OptimizerRun.objects.get()
+    assert response.status_code == 200
+    assert response.redirect_chain == [(run_url(run), 302)]
+    page = response.content.decode()
+    message = one(page, class_="message")
+    assert "error" in attr(message, "class").split()
+    assert text(message) == f"Optimizer run #{run.pk} was not queued; the reason is below."
+    assert text(one(page, data_error=True)) == ("The run failed. Could not queue the run: the task queue (Redis) is "
+                                                "unreachable; start it again once it is back.")
+    assert attr(one(page, id="optimizer-run"), "data-status") == "failed"
+    assert "hx-trigger" not in dict(one(page, id="optimizer-run").attributes), "nothing to wait for"
+    assert broker_down == ["sizing.tasks.run_optimizer"]
+
+
 def test_a_second_start_shows_the_run_in_progress(staff, admin_user, queued):
     fragmented_fleet()
     first = optimizer_runs.start_run(admin_user)

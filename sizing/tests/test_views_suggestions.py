@@ -307,19 +307,34 @@ def test_an_empty_page_explains_and_refresh_now_computes_small_fleets_at_once(st
     assert shown_vms(body(response)) == ["ws-heavy", "ws-light", "ws-peer"]
 
 
-def test_refresh_now_hands_a_large_fleet_to_the_worker(staff_client, monkeypatch,
-                                                      django_capture_on_commit_callbacks):
+def test_refresh_now_hands_a_large_fleet_to_the_worker(staff_client, monkeypatch):
     rtx_studio()
     monkeypatch.setattr(views, "SYNC_REFRESH_MAX_VMS", 2)
     sent = []
-    monkeypatch.setattr(tasks.refresh_suggestions, "delay", lambda *args: sent.append(args))
+    monkeypatch.setattr(tasks.refresh_suggestions, "apply_async",
+                        lambda args=(), kwargs=None, **options: sent.append(tuple(args)))
 
-    with django_capture_on_commit_callbacks(execute=True):
-        response = staff_client.post(f"{PAGE}refresh/", follow=True)
+    response = staff_client.post(f"{PAGE}refresh/", follow=True)
 
     assert sent == [()]
     assert not Suggestion.objects.exists()
     assert "Refreshing the suggestions of 3 VMs in the background" in text(body(response))
+
+
+def test_while_the_task_queue_is_down_refresh_now_says_so_and_keeps_the_suggestions(staff_client, world,
+                                                                                   monkeypatch, broker_down):
+    monkeypatch.setattr(views, "SYNC_REFRESH_MAX_VMS", 2)
+    before = list(Suggestion.objects.order_by("pk").values_list("pk", "vm__name", "action", "evidence_key"))
+
+    response = staff_client.post(f"{PAGE}refresh/", {"next": PAGE}, follow=True)
+
+    assert broker_down == ["sizing.tasks.refresh_suggestions"]
+    page = body(response)
+    assert ("Could not queue the refresh: the task queue (Redis) is unreachable. The suggestions below are "
+            "unchanged; refresh again once it is back.") in text(page)
+    assert "in the background" not in page
+    assert list(Suggestion.objects.order_by("pk").values_list("pk", "vm__name", "action", "evidence_key")) == before
+    assert shown_vms(page) == ["ws-heavy", "ws-light", "ws-peer"]
 
 
 def test_when_every_suggestion_is_dismissed_the_page_says_where_they_are(staff_client, world):

@@ -55,6 +55,10 @@ def optimizer(request):
         except optimizer_runs.RunInProgress as exc:
             messages.info(request, f"{exc} Its progress is below.")
             return redirect("sizing:optimizer-run", pk=exc.run.pk)
+        if run.status == OptimizerStatus.FAILED:
+            # The run's page says why (its error); the message only says that it did not start.
+            messages.error(request, f"Optimizer run #{run.pk} was not queued; the reason is below.")
+            return redirect("sizing:optimizer-run", pk=run.pk)
         messages.success(request, f"Optimizer run #{run.pk} queued.")
         return redirect("sizing:optimizer-run", pk=run.pk)
     context = {

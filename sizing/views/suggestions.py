@@ -15,7 +15,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from django.contrib import messages
-from django.db import transaction
 from django.db.models import Case, IntegerField, QuerySet, Value, When
 from django.http import HttpRequest, HttpResponseRedirect
 from django.shortcuts import get_object_or_404
@@ -23,6 +22,7 @@ from django.urls import reverse
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_POST
 
+from config.celery import QueueUnavailable, send_from_request
 from fleet.choices import ResizeStatus
 from fleet.models import ResizeRequest, Vgpu
 from fleet.views.access import staff_required
@@ -240,7 +240,13 @@ def refresh(request: HttpRequest):
                                   f"({counts[SuggestionAction.UPSIZE]} upsize, {counts[SuggestionAction.DOWNSIZE]} "
                                   f"downsize).")
     else:
-        transaction.on_commit(lambda: tasks.refresh_suggestions.delay())
-        messages.success(request, f"Refreshing the suggestions of {subjects} VMs in the background; reload this "
-                                  "page in a minute.")
+        # Sent at once (nothing was written to wait for), so the page can say when the queue is down.
+        try:
+            send_from_request(tasks.refresh_suggestions)
+        except QueueUnavailable:
+            messages.error(request, "Could not queue the refresh: the task queue (Redis) is unreachable. The "
+                                    "suggestions below are unchanged; refresh again once it is back.")
+        else:
+            messages.success(request, f"Refreshing the suggestions of {subjects} VMs in the background; reload "
+                                      "this page in a minute.")
     return HttpResponseRedirect(_safe_next(request))

@@ -17,6 +17,7 @@ from rest_framework.decorators import action
 from rest_framework.filters import OrderingFilter
 from rest_framework.response import Response
 
+from fleet.api.caching import CachedListMixin
 from fleet.api.permissions import IsFleetAdmin
 from telemetry import services
 from telemetry.filtersets import AgentFilterSet
@@ -89,8 +90,11 @@ class AgentTokenSerializer(serializers.Serializer):
         responses={201: AgentWithTokenSerializer},
     ),
 )
-class AgentViewSet(viewsets.ModelViewSet):
+class AgentViewSet(CachedListMixin, viewsets.ModelViewSet):
     """Agents and other sources of samples, with their collection status; staff only."""
+
+    #: "stale" follows the clock, not a write: a page is at most this old.
+    read_cache_max_age_s = 5
 
     permission_classes = [IsAgentAdmin]
     serializer_class = AgentSerializer

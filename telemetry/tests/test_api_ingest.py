@@ -8,9 +8,9 @@ import time
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
+from fleet.api_tokens import issue_token
 from fleet.models import Gpu
 from telemetry.models import AgentKind, AgentStatus, GpuSample, VgpuSample
 from telemetry.tests.ingest_world import OWN_FIXTURES, SHARED_CAPTURES, l40s_world, make_agent
@@ -203,11 +203,11 @@ def test_a_polled_agents_token_cannot_push(pusher):
 
 def test_a_user_token_or_session_cannot_push(pusher, admin_user):
     body = stamped(SHARED_CAPTURES / "tesla-t4.xml", now_s())
-    token = Token.objects.create(user=admin_user)
+    _, key = issue_token(admin_user)
     session = APIClient()
     session.force_login(admin_user)
 
-    with_token = push(None, body, HTTP_AUTHORIZATION=f"Token {token.key}")
+    with_token = push(None, body, HTTP_AUTHORIZATION=f"Token {key}")
     with_session = session.post(URL, data=body, content_type="application/xml")
 
     assert (with_token.status_code, with_session.status_code) == (401, 401)

@@ -1,0 +1,27 @@
+"""gunicorn's settings for the web container (Dockerfile CMD) and bench/load.py, which measures
+the server as production runs it.
+
+Workers: the pages and the API spend their time in Python (PostgreSQL and Redis answer in a
+fraction of a millisecond), so the processes are what uses the cores; one more process than
+cores keeps them busy while one waits on a query. Threads (gthread) hold the keep-alive
+connections of open dashboards and polling scripts without a process each, and let a worker
+answer a cheap request while another of its threads waits. WEB_WORKERS and WEB_THREADS
+override both (.env.example).
+"""
+
+import os
+
+workers = int(os.environ.get("WEB_WORKERS") or (os.cpu_count() or 1) + 1)
+threads = int(os.environ.get("WEB_THREADS") or 4)
+worker_class = "gthread"
+bind = os.environ.get("WEB_BIND") or "0.0.0.0:8000"
+# Longer than the dashboard's refresh interval (15 s), so an open page keeps its connection.
+keepalive = 30
+# A request stuck longer than this (a hung query) gets its worker replaced.
+timeout = 60
+# Recycle workers now and then, so a slow leak in a long-running deployment cannot grow forever.
+max_requests = 5000
+max_requests_jitter = 500
+# One line per request on stdout (the container's log); "off" for none.
+_access_log = os.environ.get("WEB_ACCESS_LOG") or "-"
+accesslog = None if _access_log == "off" else _access_log

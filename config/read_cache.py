@@ -1,0 +1,291 @@
+"""The read cache: costly reads (API list pages, the overview's figures) are reused until a table
+they read changes.
+
+Why: at a studio's scale (1,000 hosts, 7,000 VMs) one overview costs half a second of CPU and an
+API list page several milliseconds, while the rows behind them change a few times a minute.
+Dashboards left open and scripts polling the lists would otherwise keep a small server's cores
+busy recomputing the same answer.
+
+How it stays right: every SQL write Django makes in any process (ORM saves and deletes, bulk
+operations, `QuerySet.update`, raw cursors) passes a database execute wrapper, which gives the
+written table a new version in the shared cache when the statement runs and again once its
+transaction commits. An entry records each table its computation read, with the table's
+version read just *before* the table was first read. It is served only while all those versions
+are unchanged, so a change is seen by the first read after its commit, in any process sharing
+the cache (Redis in production; see settings CACHES). Versions are random tokens: a flushed or
+evicted version reads as changed, never as unchanged.
+
+Limits: writes made outside Django (psql by hand) are not seen, so entries also expire after
+`max_age_s`; with no shared cache (locmem), each process sees only its own writes. If the
+cache cannot be reached (Redis down), reads are computed as if nothing were cached and the page
+keeps working.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from django.conf import settings
+from django.core.cache import cache
+from django.db import transaction
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+_WRITE = re.compile(r'\s*(?:INSERT\s+INTO|UPDATE|DELETE\s+FROM|TRUNCATE(?:\s+TABLE)?)\s+"?(\w+)"?', re.IGNORECASE)
+_READ = re.compile(r'\b(?:FROM|JOIN)\s+"?(\w+)"?', re.IGNORECASE)
+_VERSION_PREFIX = "read-cache:version:"
+_ENTRY_PREFIX = "read-cache:entry:"
+#: After the cache failed, skip it this long: a hung Redis must not add its timeout to every query.
+_FAILURE_BACKOFF_S = 5.0
+#: How long one request may hold the right to refresh an entry while others serve or await it.
+_REFRESH_LOCK_S = 60
+#: How long a request waits for the entry another request is computing, and how often it looks.
+_COALESCE_WAIT_S = 3.0
+_COALESCE_POLL_S = 0.02
+
+_local = threading.local()
+_failed_until = 0.0
+
+
+def enabled() -> bool:
+    return settings.READ_CACHE_ENABLED and time.monotonic() >= _failed_until
+
+
+def _cache_failed(exc: Exception) -> None:
+    global _failed_until
+    if time.monotonic() >= _failed_until:
+        log.warning("read cache unreachable, reading without it for %.0f s: %s", _FAILURE_BACKOFF_S,
+                    type(exc).__name__)
+    _failed_until = time.monotonic() + _FAILURE_BACKOFF_S
+
+
+# Table versions ------------------------------------------------------------------------------
+
+
+#: Tables written while the cache could not be reached: bumped as soon as it answers again, so
+#: entries stored before the outage are not served over writes made during it.
+_unbumped: set[str] = set()
+_unbumped_lock = threading.Lock()
+
+
+def bump(tables: Iterable[str]) -> None:
+    """Give each table a new version: entries that read it are no longer served."""
+    if not settings.READ_CACHE_ENABLED:
+        return
+    with _unbumped_lock:
+        tables = {*tables, *_unbumped}
+    if not enabled():
+        with _unbumped_lock:
+            _unbumped.update(tables)
+        return
+    try:
+        cache.set_many({_VERSION_PREFIX + table: uuid.uuid4().hex for table in tables}, timeout=None)
+    except Exception as exc:  # noqa: BLE001 - an unreachable cache must not fail the write
+        with _unbumped_lock:
+            _unbumped.update(tables)
+        _cache_failed(exc)
+    else:
+        with _unbumped_lock:
+            _unbumped.difference_update(tables)
+
+
+def versions(tables: Iterable[str]) -> dict[str, str]:
+    """The current version of each table; a table without one gets one (set only if still absent,
+    so a concurrent bump is never overwritten)."""
+    keys = {_VERSION_PREFIX + table: table for table in tables}
+    found = cache.get_many(list(keys))
+    for key in keys.keys() - found.keys():
+        cache.add(key, uuid.uuid4().hex, timeout=None)
+        found[key] = cache.get(key)
+    return {keys[key]: value for key, value in found.items()}
+
+
+@dataclass
+class _PendingBumps:
+    """Tables written in the current transaction; bumped again by `flush` once it commits."""
+
+    tables: set[str] = field(default_factory=set)
+
+    def flush(self) -> None:
+        bump(self.tables)
+
+
+def _written(connection, table: str) -> None:
+    if not connection.in_atomic_block:
+        bump([table])
+        return
+    pending = connection.__dict__.get("_read_cache_pending")
+    # The callback leaves run_on_commit when the transaction ends or its savepoint rolls back.
+    if pending is None or not any(func == pending.flush for _, func, _ in connection.run_on_commit):
+        pending = _PendingBumps()
+        connection.__dict__["_read_cache_pending"] = pending
+        transaction.on_commit(pending.flush, using=connection.alias)
+    pending.tables.add(table)
+    # At once as well, for each statement: a read in this transaction, between two writes, must
+    # not be served the rows before the second.
+    bump([table])
+
+
+def execute_wrapper(execute, sql, params, many, context):
+    """Sees every statement: bumps the tables written, and notes the tables read by a computation
+    being cached, with their versions taken before the read."""
+    if isinstance(sql, str):
+        write = _WRITE.match(sql)
+        if write:
+            _written(context["connection"], write.group(1))
+        else:
+            recording = getattr(_local, "recording", None)
+            if recording is not None:
+                new = set(_READ.findall(sql)) - recording.keys()
+                if new:
+                    try:
+                        recording.update(versions(new))
+                    except Exception as exc:  # noqa: BLE001 - the read goes on; its result is not kept
+                        _cache_failed(exc)
+                        _local.unkept = True
+    return execute(sql, params, many, context)
+
+
+def install(connection, **kwargs) -> None:
+    """Add the wrapper to a new database connection (the `connection_created` signal)."""
+    if execute_wrapper not in connection.execute_wrappers:
+        connection.execute_wrappers.append(execute_wrapper)
+
+
+# Entries -------------------------------------------------------------------------------------
+
+
+@dataclass
+class _Entry:
+    value: Any
+    versions: dict[str, str]
+    computed_at: float  # time.time()
+
+
+def cached(key: str, compute: Callable[[], T], *, max_age_s: float, lazy_prefixes: tuple[str, ...] = (),
+           should_store: Callable[[T], bool] = lambda value: True) -> T:
+    """`compute()`, or its earlier value if no table it read has changed since and it is younger
+    than `max_age_s`.
+
+    Tables whose names start with one of `lazy_prefixes` (telemetry written by every poll) do
+    not make the entry stale; only its age does. While one request refreshes an entry that is
+    merely old, the others are served the old value rather than all computing it at once. An
+    entry whose tables changed is never served: requests arriving while another computes it
+    wait for that result (taken only if it holds the current versions) instead.
+    """
+    if not enabled() or getattr(_local, "recording", None) is not None:
+        return compute()
+    entry_key = _ENTRY_PREFIX + key
+    if _unbumped:
+        bump(())
+        if _unbumped:
+            return compute()
+    lock_key = entry_key + ":refreshing"
+    locked = False
+    try:
+        entry, current = _entry_and_versions(entry_key)
+        if entry is not None and _unchanged(entry, current, lazy_prefixes):
+            if time.time() - entry.computed_at < max_age_s:
+                return entry.value
+            locked = cache.add(lock_key, 1, timeout=_REFRESH_LOCK_S)
+            if not locked:
+                return entry.value  # merely old: served while another request refreshes it
+        else:
+            locked = cache.add(lock_key, 1, timeout=_REFRESH_LOCK_S)
+            if not locked:
+                # Changed or missing, and another request is computing it: take its result rather
+                # than compute the same at the same time, if it holds the current versions.
+                waited = _wait_for_refresh(entry_key, lock_key, lazy_prefixes, max_age_s)
+                if waited is not None:
+                    return waited.value
+    except Exception as exc:  # noqa: BLE001 - an unreachable cache means computing, not failing
+        _cache_failed(exc)
+        return compute()
+
+    try:
+        return _compute_and_keep(entry_key, compute, max_age_s, should_store)
+    finally:
+        if locked:
+            try:
+                cache.delete(lock_key)
+            except Exception as exc:  # noqa: BLE001
+                _cache_failed(exc)
+
+
+def _unchanged(entry: _Entry, current: dict[str, str], lazy_prefixes: tuple[str, ...]) -> bool:
+    return all(current.get(table) == version or table.startswith(lazy_prefixes)
+               for table, version in entry.versions.items())
+
+
+def _wait_for_refresh(entry_key: str, lock_key: str, lazy_prefixes: tuple[str, ...], max_age_s: float) -> _Entry | None:
+    """The entry another request is computing, once stored with the current versions; None if it
+    does not come within _COALESCE_WAIT_S (or the other request gave up), to compute it here."""
+    deadline = time.monotonic() + _COALESCE_WAIT_S
+    while time.monotonic() < deadline:
+        time.sleep(_COALESCE_POLL_S)
+        entry, current = _entry_and_versions(entry_key)
+        if entry is not None and _unchanged(entry, current, lazy_prefixes) and \
+                time.time() - entry.computed_at < max_age_s:
+            return entry
+        if cache.get(lock_key) is None:
+            return None
+    return None
+
+
+def _compute_and_keep(entry_key: str, compute: Callable[[], T], max_age_s: float,
+                      should_store: Callable[[T], bool]) -> T:
+    _local.recording, _local.unkept = {}, False
+    computed_at = time.time()
+    try:
+        value = compute()
+        recorded, unkept = _local.recording, _local.unkept
+    finally:
+        _local.recording = None
+    if should_store(value) and not unkept:
+        try:
+            cache.set(entry_key, _Entry(value, recorded, computed_at), timeout=max(int(max_age_s) * 4, 60))
+            if len(_tables_of) >= _TABLES_OF_MAX:  # paths with ever new queries must not grow it forever
+                _tables_of.clear()
+            _tables_of[entry_key] = tuple(recorded)
+        except Exception as exc:  # noqa: BLE001
+            _cache_failed(exc)
+    return value
+
+
+#: The tables each entry read, as last seen by this process: the entry and their versions are
+#: then fetched in one round trip.
+_tables_of: dict[str, tuple[str, ...]] = {}
+_TABLES_OF_MAX = 10_000
+
+
+def _entry_and_versions(entry_key: str) -> tuple[_Entry | None, dict[str, str]]:
+    """The entry under `entry_key` and the current versions of the tables it read."""
+    tables = _tables_of.get(entry_key, ())
+    version_keys = {_VERSION_PREFIX + table: table for table in tables}
+    found = cache.get_many([entry_key, *version_keys])
+    entry = found.pop(entry_key, None)
+    if entry is None:
+        return None, {}
+    if set(entry.versions) != set(tables):  # first sight in this process, or it reads other tables now
+        _tables_of[entry_key] = tuple(entry.versions)
+        return entry, versions(entry.versions)
+    return entry, {version_keys[key]: value for key, value in found.items()}
+
+
+def clear() -> None:
+    """Forget every entry and version, and this process's memory of them (tests; operators after
+    a change made outside Django, such as SQL by hand)."""
+    global _failed_until
+    _failed_until = 0.0
+    with _unbumped_lock:
+        _unbumped.clear()
+    _tables_of.clear()
+    cache.clear()

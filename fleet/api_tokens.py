@@ -1,0 +1,120 @@
+"""API tokens of scripts: issuing, finding by key, revoking (`fleet.models.ApiToken`).
+
+A key is shown once, by whoever issues it (`manage.py api_token create`, the admin site), and
+kept only as its SHA-256. A presented key is found by the digest of what was presented, so
+the lookup compares digests, never keys, and its timing says nothing about any stored key.
+Issuing and revoking leave an audit event that names the token by prefix, never by digest.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+from datetime import timedelta
+
+from django.db import transaction
+from django.db.models import Q, QuerySet
+from django.utils import timezone
+
+from config import read_cache
+from fleet import audit
+from fleet.models import ApiToken
+
+KEY_BYTES = 24  # 192 random bits, 48 hex characters
+PREFIX_CHARS = 8
+#: `last_used_at` is written at most this often per token, so reads do not each cost a write.
+LAST_USED_EVERY = timedelta(minutes=1)
+
+#: A token as events show it: whose, what for, which prefix.
+TOKEN_FIELDS = ["user", "name", "prefix"]
+
+
+class TokenNotFound(Exception):
+    """No token, or more than one, matches what names the token to revoke."""
+
+
+def key_digest(key: str) -> str:
+    """The SHA-256 (hex) under which a key is stored."""
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+def token_snapshot(token: ApiToken | None) -> dict | None:
+    return audit.snapshot(token, TOKEN_FIELDS)
+
+
+def issue_key(token: ApiToken) -> str:
+    """Give an unsaved token (its user and name set) a fresh key, save it, record
+    "api_token.create", and return the key: the caller shows it once, nothing keeps it."""
+    key = secrets.token_hex(KEY_BYTES)
+    token.prefix = key[:PREFIX_CHARS]
+    token.token_sha256 = key_digest(key)
+    with transaction.atomic():
+        token.save(force_insert=True)
+        audit.record("api_token.create", token, after=token_snapshot(token),
+                     comment=f"for {token.user.get_username()}")
+    return key
+
+
+def issue_token(user, name: str = "") -> tuple[ApiToken, str]:
+    """A new token of `user` and its key (shown once)."""
+    token = ApiToken(user=user, name=name)
+    return token, issue_key(token)
+
+
+def revoke_token(token: ApiToken) -> None:
+    """Delete the token (its key stops working at once) and record "api_token.revoke"."""
+    with transaction.atomic():
+        event = audit.event("api_token.revoke", token, before=token_snapshot(token),
+                            comment=f"of {token.user.get_username()}")
+        token.delete()
+        audit.record_many([event])
+
+
+def find_by_key(key: str) -> ApiToken | None:
+    """The token whose key is `key`, with its user, or None.
+
+    Scripts send a request after another with one key, so the lookup goes through the read cache
+    (config/read_cache.py): reused until the token's or the user's row is written (a revoke, a
+    deactivation, a password change), so a revoked key fails on its next request. Misses are
+    not kept, so keys tried at random cannot fill the cache; nor is the user's password hash.
+    """
+    digest = key_digest(key)
+
+    def find() -> ApiToken | None:
+        return ApiToken.objects.select_related("user").defer("user__password").filter(token_sha256=digest).first()
+
+    return read_cache.cached(f"api-token:{digest}", find, max_age_s=60, should_store=lambda token: token is not None)
+
+
+def mark_used(token: ApiToken) -> None:
+    """Stamp the token's `last_used_at`, unless it was stamped within LAST_USED_EVERY. The
+    condition is in the UPDATE too, so concurrent requests of one script write it once."""
+    now = timezone.now()
+    if token.last_used_at is not None and now - token.last_used_at < LAST_USED_EVERY:
+        return
+    ApiToken.objects.filter(Q(last_used_at__isnull=True) | Q(last_used_at__lte=now - LAST_USED_EVERY),
+                            pk=token.pk).update(last_used_at=now)
+    token.last_used_at = now
+
+
+def find_to_revoke(id_or_prefix: str) -> ApiToken:
+    """The one token named by its id (digits, shorter than a prefix) or its full prefix.
+
+    Raises TokenNotFound when none matches, or when several share the prefix (then their ids
+    are given, to name one by id)."""
+    text = id_or_prefix.strip()
+    rows: QuerySet[ApiToken] = ApiToken.objects.select_related("user").order_by("pk")
+    if text.isdigit() and len(text) < PREFIX_CHARS:
+        rows = rows.filter(pk=int(text))
+    elif len(text) == PREFIX_CHARS:
+        rows = rows.filter(prefix=text.lower())
+    else:
+        raise TokenNotFound(f"{text!r} is neither a token id nor a {PREFIX_CHARS}-character prefix "
+                            f"(see `manage.py api_token list`).")
+    found = list(rows[:10])
+    if not found:
+        raise TokenNotFound(f"No API token has the id or prefix {text!r}.")
+    if len(found) > 1:
+        ids = ", ".join(str(token.pk) for token in found)
+        raise TokenNotFound(f"Several API tokens have the prefix {text!r} (ids {ids}): name one by its id.")
+    return found[0]
