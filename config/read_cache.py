@@ -29,6 +29,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -134,13 +135,27 @@ def _written(connection, table: str) -> None:
     bump([table])
 
 
+@contextmanager
+def writes_rolled_back():
+    """Around a transaction that is always rolled back (a dry run of a placement): its writes are
+    never seen by anyone, so they need no new versions, and the entries of every list the dry
+    run touched stay valid. Never around a transaction that may commit."""
+    previous = getattr(_local, "rolled_back", False)
+    _local.rolled_back = True
+    try:
+        yield
+    finally:
+        _local.rolled_back = previous
+
+
 def execute_wrapper(execute, sql, params, many, context):
     """Sees every statement: bumps the tables written, and notes the tables read by a computation
     being cached, with their versions taken before the read."""
     if isinstance(sql, str):
         write = _WRITE.match(sql)
         if write:
-            _written(context["connection"], write.group(1))
+            if not getattr(_local, "rolled_back", False):
+                _written(context["connection"], write.group(1))
         else:
             recording = getattr(_local, "recording", None)
             if recording is not None:

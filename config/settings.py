@@ -257,7 +257,7 @@ elif CELERY_BROKER_URL.startswith(("redis://", "rediss://")):
 CACHE_URL = env_secret("CACHE_URL", REDIS_URL or "locmem://")
 _cache_scheme, _, _cache_rest = CACHE_URL.partition("://")
 if _cache_scheme in ("redis", "rediss", "unix"):
-    _cache = {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": CACHE_URL,
+    _cache = {"BACKEND": "config.redis_cache.RedisCache", "LOCATION": CACHE_URL,
               "OPTIONS": {"socket_connect_timeout": 0.5, "socket_timeout": 0.5}}
 elif _cache_scheme == "file":
     _cache = {"BACKEND": "django.core.cache.backends.filebased.FileBasedCache", "LOCATION": _cache_rest,
@@ -269,8 +269,15 @@ elif _cache_scheme == "none":
 else:
     raise ImproperlyConfigured(f"CACHE_URL must start with redis://, rediss://, file://, locmem:// or none://, "
                                f"not {_cache_scheme}://")
-_database_identity = ":".join(str(DATABASES["default"].get(k) or "") for k in ("HOST", "PORT", "NAME"))
-CACHES = {"default": {**_cache, "KEY_PREFIX": hashlib.sha256(_database_identity.encode()).hexdigest()[:12]}}
+
+
+def cache_key_prefix(database: dict) -> str:
+    """The cache keys' prefix: the database's identity (host, port, name), hashed."""
+    identity = ":".join(str(database.get(k) or "") for k in ("HOST", "PORT", "NAME"))
+    return hashlib.sha256(identity.encode()).hexdigest()[:12]
+
+
+CACHES = {"default": {**_cache, "KEY_PREFIX": cache_key_prefix(DATABASES["default"])}}
 READ_CACHE_ENABLED = env_bool("READ_CACHE_ENABLED", default=True) and _cache_scheme != "none"
 
 # Deployments (or test runs) sharing one Redis keep apart by queue name.

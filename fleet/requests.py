@@ -19,6 +19,7 @@ from django.db.models import Count, IntegerField, OuterRef, Subquery, Value
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
+from config import read_cache
 from fleet import audit, placement, services
 from fleet.choices import ResizeStatus
 from fleet.models import Gpu, Notification, ResizeRequest, Vgpu, VgpuProfile, VirtualMachine
@@ -259,7 +260,7 @@ def fits(request: ResizeRequest) -> Fit:
     old_gpu_ids = set(Gpu.objects.filter(vgpus__vm=request.vm).values_list("pk", flat=True))
     old_host_id = VirtualMachine.objects.filter(pk=request.vm_id).values_list("host_id", flat=True).first()
     try:
-        with transaction.atomic():
+        with read_cache.writes_rolled_back(), transaction.atomic():
             placed = _place_all(ResizeRequest.objects.select_related("vm", "requested_profile").get(pk=request.pk))
             raise _Rollback(placed)
     except _Rollback as result:

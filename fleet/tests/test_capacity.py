@@ -129,6 +129,27 @@ def test_profile_room_ranks_gpus_by_room_and_says_why_the_others_take_none():
     assert dict(room.refusals) == {Rule.FRAME_BUFFER: 1, Rule.PASSTHROUGH: 1, Rule.EQUAL_SIZE: 1}
 
 
+def test_the_fleet_wide_room_equals_the_room_of_each_gpu_alone():
+    """fleet_room and profile_usage simulate each kind of GPU once and share the answer among the
+    GPUs alike: every GPU must still get exactly what room_on_gpu says of it alone."""
+    gpus = [
+        a40_with_two_12q(gpu_id=1, host_id=1), a40_with_two_12q(gpu_id=2, host_id=2),
+        gpu("A40", gpu_id=3, host_id=1), gpu("A40", gpu_id=4, host_id=3),
+        add(gpu("A40", gpu_id=5, host_id=2), "A40-8Q"),
+        add(gpu("A40", gpu_id=6, host_id=3, size_mode="mixed"), "A40-8Q"),
+        gpu("A40", gpu_id=7, host_id=2, mode="passthrough"),
+        add(gpu("L40S", gpu_id=8, host_id=4, size_mode="mixed"), "L40S-12Q"), gpu("L40S", gpu_id=9, host_id=4),
+    ]
+    for room in fleet_room(gpus, catalog("A40", "L40S")):
+        counts = {r.gpu.id: r.count for r in room.candidates}
+        for state in gpus:
+            if state.model.name == room.profile.gpu_model:
+                alone = room_on_gpu(state, room.profile).count
+                assert counts.get(state.id, 0) == alone, (room.profile.name, state.id)
+    for usage in profile_usage(gpus):
+        assert usage.free_slots == sum(room_on_gpu(g, usage.profile).count for g in gpus if g.id in usage.gpu_ids)
+
+
 def test_candidates_with_equal_room_prefer_more_free_frame_buffer():
     """Mixed-size L40S GPUs with a 24Q: the most 8Q first, then, at equal room, the most frame buffer free."""
     light, with_8q, with_12q = (add(gpu("L40S", gpu_id=i, size_mode="mixed"), "L40S-24Q") for i in (1, 2, 3))

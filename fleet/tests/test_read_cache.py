@@ -276,7 +276,7 @@ def test_deployments_sharing_one_redis_keep_apart_by_database():
     one = cache_settings(DATABASE_URL="postgres://u@db:5432/studio_a", CACHE_URL="redis://redis:6379/0")
     two = cache_settings(DATABASE_URL="postgres://u@db:5432/studio_b", CACHE_URL="redis://redis:6379/0")
     assert one.returncode == two.returncode == 0, one.stderr + two.stderr
-    assert one.stdout.split()[0] == "django.core.cache.backends.redis.RedisCache"
+    assert one.stdout.split()[0] == "config.redis_cache.RedisCache"
     assert one.stdout.split()[1] != two.stdout.split()[1]
 
 

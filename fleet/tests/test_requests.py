@@ -285,3 +285,16 @@ def test_a_request_filed_from_an_accepted_suggestion_is_marked_and_approves(flee
     assert response.status_code == 200, response.json()
     assert [v.profile.name for v in Vgpu.objects.filter(vm=fleet_world.vm_a)] == ["RTX6000-24Q"]
     assert Notification.objects.filter(user=fleet_world.ana.user, message__contains="approved and applied").exists()
+
+
+def test_working_out_where_a_request_fits_changes_nothing_the_read_cache_keeps(fleet_world, admin_api, filed):
+    """The queue's dry run places and removes vGPUs in a transaction it always rolls back: lists
+    and the overview cached before it are still served after it (config/read_cache.py)."""
+    from config import read_cache
+    from fleet.models import Vgpu
+
+    tables = [Vgpu._meta.db_table, "fleet_auditevent"]
+    before = read_cache.versions(tables)
+    assert service.fits(filed).where != "n/a"
+    assert read_cache.versions(tables) == before
+    assert Vgpu.objects.filter(vm=fleet_world.vm_a).count() == 1
