@@ -13,12 +13,18 @@ def _fast_password_hasher(settings):
     settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 
 
+#: The tests' own cache: this process's memory, never the folder a running `make run` shares.
+TEST_CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache", "KEY_PREFIX": "tests",
+                           "OPTIONS": {"MAX_ENTRIES": 5000}}}
+
+
 @pytest.fixture(autouse=True)
-def _empty_read_cache():
-    """Each test starts with an empty read cache: a test's rows are rolled back without a write
-    the cache could see, so the next test's reads must not find entries computed from them."""
+def _empty_read_cache(settings):
+    """Each test starts with an empty read cache of its own: a test's rows are rolled back without
+    a write the cache could see, so the next test's reads must not find entries computed from them."""
     from config import read_cache
 
+    settings.CACHES = TEST_CACHES
     read_cache.clear()
 
 

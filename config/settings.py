@@ -250,11 +250,13 @@ elif CELERY_BROKER_URL.startswith(("redis://", "rediss://")):
     # BRPOP returns every second, well within these.
     CELERY_BROKER_TRANSPORT_OPTIONS = {"socket_connect_timeout": 3, "socket_timeout": 5}
 # The cache holds the read cache's entries and table versions (config/read_cache.py), so every
-# web and worker process must share it: Redis when REDIS_URL is set (production), a folder for
-# the embedded `runfleet` (it sets CACHE_URL=file://...), one process's memory otherwise.
-# CACHE_URL=none:// turns the read cache off. Keys carry the database's identity, so two
-# deployments (or test runs) sharing one Redis never serve each other's rows.
-CACHE_URL = env_secret("CACHE_URL", REDIS_URL or "locmem://")
+# process that writes or serves must share it (a revoked API token is refused by the web server
+# once `manage.py api_token revoke` has bumped the version it checks): Redis when REDIS_URL is
+# set (production), else a folder every process of the embedded mode reads (runfleet's web
+# server and worker, manage.py commands). locmem:// is one process's memory (the tests);
+# none:// turns the read cache off. Keys carry the database's identity, so two deployments
+# (or test runs) sharing one Redis never serve each other's rows.
+CACHE_URL = env_secret("CACHE_URL", REDIS_URL or f"file://{BASE_DIR / 'var' / 'cache'}")
 _cache_scheme, _, _cache_rest = CACHE_URL.partition("://")
 if _cache_scheme in ("redis", "rediss", "unix"):
     _cache = {"BACKEND": "config.redis_cache.RedisCache", "LOCATION": CACHE_URL,

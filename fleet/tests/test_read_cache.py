@@ -11,7 +11,7 @@ import threading
 import time
 
 import pytest
-from django.core.cache import cache
+from django.core.cache import cache, caches
 from django.db import connection, transaction
 from django.test.utils import CaptureQueriesContext
 
@@ -137,7 +137,7 @@ def test_an_unreachable_cache_leaves_the_lists_working_and_correct(admin_api, mo
         raise ConnectionError("Error 111 connecting to redis:6379. Connection refused.")
 
     for name in ("get", "get_many", "set", "set_many", "add", "delete"):
-        monkeypatch.setattr(cache, name, refuse)
+        monkeypatch.setattr(caches["default"], name, refuse)  # the backend itself: the proxy follows settings
     monkeypatch.setattr(read_cache, "_failed_until", 0.0)
     HostFactory(name="gpu-02")  # its version cannot be bumped: the cache is gone
     assert host_names(admin_api) == ["gpu-01", "gpu-02"]
@@ -153,7 +153,7 @@ def test_writes_made_while_the_cache_was_unreachable_are_seen_once_it_is_back(ad
         def refuse(*args, **kwargs):
             raise ConnectionError("Error 111 connecting to redis:6379. Connection refused.")
 
-        outage.setattr(cache, "set_many", refuse)
+        outage.setattr(caches["default"], "set_many", refuse)
         Host.objects.filter(pk=host.pk).update(name="gpu-renamed")
     monkeypatch.setattr(read_cache, "_failed_until", 0.0)  # the back-off is over
     assert host_names(admin_api) == ["gpu-renamed"]
@@ -267,9 +267,23 @@ def test_a_lost_version_reads_as_a_change(admin_api):
 
 
 def cache_settings(**env) -> subprocess.CompletedProcess:
-    code = "from django.conf import settings; c = settings.CACHES['default']; print(c['BACKEND'], c['KEY_PREFIX'])"
+    code = ("from django.conf import settings; c = settings.CACHES['default']; "
+            "print(c['BACKEND'], c['KEY_PREFIX'], c.get('LOCATION'))")
+    base = {name: value for name, value in os.environ.items() if name not in ("CACHE_URL", "REDIS_URL")}
     return subprocess.run([sys.executable, "-c", f"import django; django.setup(); {code}"], capture_output=True,
-                          text=True, env={**os.environ, "DJANGO_SETTINGS_MODULE": "config.settings", **env})
+                          text=True, env={**base, "DJANGO_SETTINGS_MODULE": "config.settings", **env})
+
+
+def test_without_redis_every_process_of_the_embedded_mode_shares_one_folder():
+    """runfleet's web server and worker and any manage.py command (api_token revoke) must see
+    each other's writes: one process's memory would let a revoked key work on."""
+    from django.conf import settings
+
+    result = cache_settings()
+    assert result.returncode == 0, result.stderr
+    backend, _, location = result.stdout.split()
+    assert backend == "django.core.cache.backends.filebased.FileBasedCache"
+    assert location == str(settings.BASE_DIR / "var" / "cache")
 
 
 def test_deployments_sharing_one_redis_keep_apart_by_database():

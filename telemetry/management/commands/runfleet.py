@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -31,8 +30,6 @@ from telemetry import demo
 
 STOP_GRACE_S = 10.0
 COLOURS = ("36", "33", "35", "32", "34", "31", "96", "93")
-
-FILE_CACHE_DIR = settings.BASE_DIR / "var" / "cache"
 
 
 @dataclass
@@ -60,19 +57,8 @@ class Command(BaseCommand):
                             help="worker threads (default 2: poll_batch fetches its agents on threads of its own)")
         parser.add_argument("--noreload", action="store_true", help="run the web server without the autoreloader")
 
-    def cache_env(self) -> dict[str, str]:
-        """The web server and the worker are separate processes: without Redis they share the read
-        cache through a folder, so the pages see what the worker stores (config/read_cache.py)."""
-        if os.environ.get("CACHE_URL") or os.environ.get("REDIS_URL"):
-            return {}
-        return {"CACHE_URL": f"file://{FILE_CACHE_DIR}"}
-
     def handle(self, *args, **options):
         ensure_broker_folders()
-        if self.cache_env():
-            # Entries of an earlier run may predate writes made since by commands that did not
-            # share this folder (migrate, seed_demo): start empty.
-            shutil.rmtree(FILE_CACHE_DIR, ignore_errors=True)
         children = self.plan(options)
         self._lock = threading.Lock()
         self._colour = self.stdout.isatty()
@@ -136,7 +122,7 @@ class Command(BaseCommand):
         return children
 
     def start(self, child: Child, colour: str) -> None:
-        env = {**self.cache_env(), **os.environ, "PYTHONUNBUFFERED": "1"}
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         try:
             child.process = subprocess.Popen(
                 child.argv, cwd=settings.BASE_DIR, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
