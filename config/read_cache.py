@@ -40,7 +40,13 @@ from django.db import transaction
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
-_WRITE = re.compile(r'\s*(?:INSERT\s+INTO|UPDATE|DELETE\s+FROM|TRUNCATE(?:\s+TABLE)?)\s+"?(\w+)"?', re.IGNORECASE)
+# SQLite writes bulk_create(ignore_conflicts=True) as INSERT OR IGNORE INTO.
+_WRITE = re.compile(r'\s*(?:INSERT\s+(?:OR\s+\w+\s+)?INTO|UPDATE|DELETE\s+FROM|TRUNCATE(?:\s+TABLE)?)\s+"?(\w+)"?',
+                    re.IGNORECASE)
+# A statement of common table expressions may write in any of them (the collector stores its
+# samples with WITH staged AS (DELETE ...), stored AS (INSERT INTO ...) SELECT ...).
+_WITH = re.compile(r"\s*WITH\b", re.IGNORECASE)
+_WRITE_IN_WITH = re.compile(r'\b(?:INSERT\s+(?:OR\s+\w+\s+)?INTO|UPDATE|DELETE\s+FROM)\s+"?(\w+)"?', re.IGNORECASE)
 _READ = re.compile(r'\b(?:FROM|JOIN)\s+"?(\w+)"?', re.IGNORECASE)
 _VERSION_PREFIX = "read-cache:version:"
 _ENTRY_PREFIX = "read-cache:entry:"
@@ -148,14 +154,23 @@ def writes_rolled_back():
         _local.rolled_back = previous
 
 
+def written_tables(sql: str) -> list[str]:
+    """The tables a statement writes ([] for a read)."""
+    write = _WRITE.match(sql)
+    if write:
+        return [write.group(1)]
+    return _WRITE_IN_WITH.findall(sql) if _WITH.match(sql) else []
+
+
 def execute_wrapper(execute, sql, params, many, context):
     """Sees every statement: bumps the tables written, and notes the tables read by a computation
     being cached, with their versions taken before the read."""
     if isinstance(sql, str):
-        write = _WRITE.match(sql)
-        if write:
+        written = written_tables(sql)
+        if written:
             if not getattr(_local, "rolled_back", False):
-                _written(context["connection"], write.group(1))
+                for table in written:
+                    _written(context["connection"], table)
         else:
             recording = getattr(_local, "recording", None)
             if recording is not None:

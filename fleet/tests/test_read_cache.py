@@ -56,12 +56,37 @@ def test_every_kind_of_write_is_seen_by_the_next_read(admin_api, write):
     elif write == "bulk_create":
         Host.objects.bulk_create([HostFactory.build(name="gpu-renamed")])
         Host.objects.filter(pk=host.pk).delete()
+
     elif write == "raw_sql":
         with connection.cursor() as cursor:
             cursor.execute(f"UPDATE {Host._meta.db_table} SET name = %s WHERE id = %s", ["gpu-renamed", host.pk])
     else:
         assert admin_api.patch(f"{HOSTS}{host.pk}/", {"name": "gpu-renamed"}, format="json").status_code == 200
     assert host_names(admin_api) == ["gpu-renamed"]
+
+
+def test_rows_added_ignoring_conflicts_are_seen(admin_api):
+    """How the collector stores what agents discover (INSERT OR IGNORE on SQLite, ON CONFLICT DO
+    NOTHING on PostgreSQL)."""
+    HostFactory(name="gpu-01")
+    assert host_names(admin_api) == ["gpu-01"]
+    Host.objects.bulk_create([HostFactory.build(name="gpu-02")], ignore_conflicts=True)
+    assert host_names(admin_api) == ["gpu-01", "gpu-02"]
+
+
+@pytest.mark.parametrize(("sql", "tables"), [
+    ('INSERT INTO "fleet_host" ("name") VALUES (%s)', ["fleet_host"]),
+    ('INSERT OR IGNORE INTO "fleet_host" ("name") VALUES (?)', ["fleet_host"]),
+    ('UPDATE "fleet_gpu" SET "mode" = %s', ["fleet_gpu"]),
+    ('DELETE FROM "fleet_vgpu" WHERE "id" IN (%s)', ["fleet_vgpu"]),
+    ("WITH staged_0 AS (DELETE FROM ingest_telemetry_gpusample RETURNING gpu_id), stored_0 AS ("
+     "INSERT INTO telemetry_gpusample (gpu_id) SELECT gpu_id FROM staged_0 ON CONFLICT DO NOTHING RETURNING 1) "
+     "SELECT (SELECT count(*) FROM stored_0)", ["ingest_telemetry_gpusample", "telemetry_gpusample"]),
+    ('SELECT "fleet_host"."name" FROM "fleet_host" WHERE "fleet_host"."name" = %s', []),
+    ("WITH x AS (SELECT 1) SELECT * FROM x", []),
+])
+def test_every_form_of_write_the_product_sends_names_its_table(sql, tables):
+    assert read_cache.written_tables(sql) == tables
 
 
 def test_a_write_to_a_table_the_list_reads_through_a_join_is_seen(admin_api):
