@@ -34,7 +34,8 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from django.conf import settings
-from django.core.cache import cache
+from django.core.cache import cache, caches
+from django.core.cache.backends.redis import RedisCache
 from django.db import transaction
 
 log = logging.getLogger(__name__)
@@ -310,12 +311,34 @@ def _entry_and_versions(entry_key: str) -> tuple[_Entry | None, dict[str, str]]:
     return entry, {version_keys[key]: value for key, value in found.items()}
 
 
-def clear() -> None:
-    """Forget every entry and version, and this process's memory of them (tests; operators after
-    a change made outside Django, such as SQL by hand)."""
+def clear(**signal_kwargs) -> None:
+    """Forget every entry and version, and this process's memory of them: after `migrate` (new
+    code must not serve what the previous release computed), for tests, and for operators after
+    a change made outside Django (SQL by hand).
+
+    In Redis only this deployment's read-cache keys go: the database may be the broker's too
+    (CACHE_URL defaults to REDIS_URL), where emptying it would drop the queued tasks.
+    """
     global _failed_until
     _failed_until = 0.0
     with _unbumped_lock:
         _unbumped.clear()
     _tables_of.clear()
-    cache.clear()
+    if isinstance(caches["default"], RedisCache):
+        backend = caches["default"]
+        client = backend._cache.get_client(write=True)
+        keys = list(client.scan_iter(match=backend.make_key("read-cache:*"), count=1000))
+        for start in range(0, len(keys), 500):
+            client.delete(*keys[start:start + 500])
+    else:
+        cache.clear()
+
+
+def clear_after_migrate(**signal_kwargs) -> None:
+    """`post_migrate`: start an upgraded release with an empty read cache. A cache that cannot be
+    reached is no reason to fail the migration: its entries expire by themselves."""
+    try:
+        clear()
+    except Exception as exc:  # noqa: BLE001
+        log.warning("read cache not emptied after migrate (%s); entries of the previous release expire within "
+                    "a minute", type(exc).__name__)

@@ -61,3 +61,23 @@ def test_lists_kept_in_redis_follow_writes_made_by_other_processes_and_survive_r
     assert host_names(automation) == ["render-02", "studio-02"]
     Host.objects.filter(name="studio-02").update(name="studio-03")
     assert host_names(automation) == ["render-02", "studio-03"]
+
+
+def test_migrate_empties_the_read_cache_and_nothing_else_of_a_redis_the_broker_shares(stack):
+    """CACHE_URL defaults to REDIS_URL: emptying the read cache (after migrate, or by an operator)
+    must not drop the tasks queued in the same Redis database."""
+    from django.core.management import call_command
+
+    from config import read_cache
+
+    client = redis.Redis.from_url(stack.redis.url)
+    client.rpush("celery", "a queued task")
+    Host.objects.create(name="gpu-01", cpu_threads=64, ram_gib=256)
+    assert read_cache.cached("names", lambda: list(Host.objects.values_list("name", flat=True)), max_age_s=60) == [
+        "gpu-01"]
+    assert client.keys("*read-cache:*")
+
+    call_command("migrate", verbosity=0)
+
+    assert client.keys("*read-cache:*") == []
+    assert client.lrange("celery", 0, -1) == [b"a queued task"]

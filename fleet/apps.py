@@ -10,8 +10,11 @@ class FleetConfig(AppConfig):
 
     def ready(self) -> None:
         from django.db.backends.signals import connection_created
+        from django.db.models.signals import post_migrate
 
         from config import read_cache
 
         # Every connection of every process reports its writes to the read cache.
         connection_created.connect(read_cache.install, dispatch_uid="read_cache.install")
+        # A new release must not serve what the previous one computed (its fields, its pages).
+        post_migrate.connect(read_cache.clear_after_migrate, sender=self, dispatch_uid="read_cache.clear")
