@@ -39,6 +39,13 @@ def artist(db):
 
 
 @pytest.fixture
+def staff(client, admin_user):
+    """The test client signed in as an admin (the pages)."""
+    client.force_login(admin_user)
+    return client
+
+
+@pytest.fixture
 def api():
     """An API client with nobody logged in."""
     return APIClient()

@@ -2,7 +2,6 @@
 GPU form's messages and commands, the defaults pages, and the box on the GPU detail page."""
 
 import pytest
-from django.test import Client
 
 from fleet import services
 from fleet.models import AuditEvent, SchedulerPolicy
@@ -11,13 +10,6 @@ from fleet.scheduler_policies import set_gpu_policy
 from fleet.tests.factories import GpuFactory, HostFactory, VirtualMachineFactory, profile
 
 pytestmark = pytest.mark.django_db
-
-
-@pytest.fixture
-def staff(admin_user):
-    client = Client()
-    client.force_login(admin_user)
-    return client
 
 
 @pytest.fixture

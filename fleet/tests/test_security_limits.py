@@ -18,13 +18,6 @@ MESSAGE = ("The request body is larger than 1048576 bytes, the most this server 
            "(DATA_UPLOAD_MAX_MEMORY_SIZE).")
 
 
-@pytest.fixture
-def staff(admin_user):
-    client = Client()
-    client.force_login(admin_user)
-    return client
-
-
 def test_the_limit_is_set_deliberately(settings):
     assert settings.DATA_UPLOAD_MAX_MEMORY_SIZE == LIMIT
     assert settings.FILE_UPLOAD_MAX_MEMORY_SIZE == LIMIT

@@ -87,12 +87,6 @@ def csv_rows(response) -> list[list[str]]:
 
 
 @pytest.fixture
-def staff(client, admin_user):
-    client.force_login(admin_user)
-    return client
-
-
-@pytest.fixture
 def world():
     """render-01 (two L40S: ws-ana with a 12Q on each, ws-bob with a 12Q on the second) and
     render-02 (an idle L40S); an agent on render-01; the first GPU has a fresh sample."""

@@ -107,12 +107,6 @@ def fleet(db):
                            vms=vms, spare=spare)
 
 
-@pytest.fixture
-def staff(client, admin_user):
-    client.force_login(admin_user)
-    return client
-
-
 def page(client, url=OVERVIEW) -> str:
     response = client.get(url)
     assert response.status_code == 200

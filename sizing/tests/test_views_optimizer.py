@@ -37,12 +37,6 @@ def queued(monkeypatch):
     return sent
 
 
-@pytest.fixture
-def staff(client, admin_user):
-    client.force_login(admin_user)
-    return client
-
-
 def run_url(run) -> str:
     return reverse("sizing:optimizer-run", args=[run.pk])
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from urllib.parse import urlencode
 
-import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
@@ -20,12 +19,6 @@ from sizing.models import WorkflowPreset
 from sizing.tests.planner_world import measured_fleet, more_vms
 
 PLANNER = reverse("sizing:planner")
-
-
-@pytest.fixture
-def staff(client, admin_user):
-    client.force_login(admin_user)
-    return client
 
 
 def query(rows: list[dict], blank: int = 0, **server) -> str:

@@ -50,13 +50,6 @@ def agent():
     return make_agent("smi-01", kind=AgentKind.NVIDIA_SMI)
 
 
-@pytest.fixture
-def staff(admin_user):
-    client = Client()
-    client.force_login(admin_user)
-    return client
-
-
 def test_the_token_is_stored_only_as_a_salt_and_a_hash(agent):
     token = agent.token
     row = Agent.objects.filter(pk=agent.pk).values().get()

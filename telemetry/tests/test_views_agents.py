@@ -20,12 +20,6 @@ HEADERS = ["Agent", "Kind", "Host", "URL", "Status", "Last seen", "Last error", 
 
 
 @pytest.fixture
-def staff(client, admin_user):
-    client.force_login(admin_user)
-    return client
-
-
-@pytest.fixture
 def agents():
     """One agent of each state: ok, stale, in error (with a long message), never seen, disabled,
     and an nvidia-smi source without URL or host."""

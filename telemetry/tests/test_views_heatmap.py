@@ -67,12 +67,6 @@ def iso(text: str) -> datetime:
 
 
 @pytest.fixture
-def staff(client, admin_user):
-    client.force_login(admin_user)
-    return client
-
-
-@pytest.fixture
 def agent_ok(db):
     return Agent.objects.create(name="gpu-01", url="http://10.0.0.1:9410", last_seen=timezone.now())
 
