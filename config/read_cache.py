@@ -42,12 +42,13 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 # SQLite writes bulk_create(ignore_conflicts=True) as INSERT OR IGNORE INTO.
-_WRITE = re.compile(r'\s*(?:INSERT\s+(?:OR\s+\w+\s+)?INTO|UPDATE|DELETE\s+FROM|TRUNCATE(?:\s+TABLE)?)\s+"?(\w+)"?',
-                    re.IGNORECASE)
+_WRITE_VERB = r"(?:INSERT\s+(?:OR\s+\w+\s+)?INTO|UPDATE|DELETE\s+FROM)"
+_TABLE = r'\s+"?(\w+)"?'
+_WRITE = re.compile(rf"\s*(?:{_WRITE_VERB}|TRUNCATE(?:\s+TABLE)?){_TABLE}", re.IGNORECASE)
 # A statement of common table expressions may write in any of them (the collector stores its
 # samples with WITH staged AS (DELETE ...), stored AS (INSERT INTO ...) SELECT ...).
 _WITH = re.compile(r"\s*WITH\b", re.IGNORECASE)
-_WRITE_IN_WITH = re.compile(r'\b(?:INSERT\s+(?:OR\s+\w+\s+)?INTO|UPDATE|DELETE\s+FROM)\s+"?(\w+)"?', re.IGNORECASE)
+_WRITE_IN_WITH = re.compile(rf"\b{_WRITE_VERB}{_TABLE}", re.IGNORECASE)
 _READ = re.compile(r'\b(?:FROM|JOIN)\s+"?(\w+)"?', re.IGNORECASE)
 _VERSION_PREFIX = "read-cache:version:"
 _ENTRY_PREFIX = "read-cache:entry:"
@@ -223,20 +224,18 @@ def cached(key: str, compute: Callable[[], T], *, max_age_s: float, lazy_prefixe
     locked = False
     try:
         entry, current = _entry_and_versions(entry_key)
-        if entry is not None and _unchanged(entry, current, lazy_prefixes):
-            if time.time() - entry.computed_at < max_age_s:
-                return entry.value
-            locked = cache.add(lock_key, 1, timeout=_REFRESH_LOCK_S)
-            if not locked:
+        still_true = entry is not None and _unchanged(entry, current, lazy_prefixes)
+        if still_true and time.time() - entry.computed_at < max_age_s:
+            return entry.value
+        locked = cache.add(lock_key, 1, timeout=_REFRESH_LOCK_S)
+        if not locked:
+            if still_true:
                 return entry.value  # merely old: served while another request refreshes it
-        else:
-            locked = cache.add(lock_key, 1, timeout=_REFRESH_LOCK_S)
-            if not locked:
-                # Changed or missing, and another request is computing it: take its result rather
-                # than compute the same at the same time, if it holds the current versions.
-                waited = _wait_for_refresh(entry_key, lock_key, lazy_prefixes, max_age_s)
-                if waited is not None:
-                    return waited.value
+            # Changed or missing, and another request is computing it: take its result rather
+            # than compute the same at the same time, if it holds the current versions.
+            waited = _wait_for_refresh(entry_key, lock_key, lazy_prefixes, max_age_s)
+            if waited is not None:
+                return waited.value
     except Exception as exc:  # noqa: BLE001 - an unreachable cache means computing, not failing
         _cache_failed(exc)
         return compute()
