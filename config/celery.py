@@ -44,6 +44,12 @@ def ensure_broker_folders() -> None:
             Path(folder).mkdir(parents=True, exist_ok=True)
 
 
+#: What sending a task raises when the broker cannot take it: kombu reports an unreachable
+#: Redis as OperationalError (the redis-py error is its cause); OSError covers the embedded
+#: broker's folder.
+BROKER_UNREACHABLE = (OperationalError, OSError)
+
+
 class QueueUnavailable(Exception):
     """The task could not be handed to the broker (Redis down, unreachable or refusing us)."""
 
@@ -51,13 +57,11 @@ class QueueUnavailable(Exception):
 def send_from_request(task, *args) -> None:
     """Queue `task` with `args` from a web request, or raise QueueUnavailable within seconds.
 
-    kombu reports a broker it cannot reach as OperationalError (the redis-py error is its
-    cause); OSError covers the embedded broker's folder. The log names the task and the error,
-    never the broker URL, which may hold Redis's password.
+    The log names the task and the error, never the broker URL, which may hold Redis's password.
     """
     try:
         task.apply_async(args=args, retry=True, retry_policy=WEB_PUBLISH_RETRY_POLICY)
-    except (OperationalError, OSError) as exc:
+    except BROKER_UNREACHABLE as exc:
         logger.warning("could not queue %s: the task queue is unreachable (%s: %s)",
                        task.name, type(exc).__name__, exc)
         raise QueueUnavailable(task.name) from exc

@@ -18,8 +18,8 @@ from django.utils.html import format_html
 from django.utils.text import Truncator
 from django_celery_beat.admin import PeriodicTaskAdmin as BeatPeriodicTaskAdmin
 from django_celery_beat.models import PeriodicTask
-from kombu.exceptions import OperationalError as KombuOperationalError
 
+from config.celery import BROKER_UNREACHABLE
 from fleet.admin_audit import AuditedAdmin
 from telemetry import services
 from telemetry.models import Agent, AgentStatus, Drift, GpuSample, VgpuSample
@@ -174,7 +174,7 @@ class PeriodicTaskAdmin(BeatPeriodicTaskAdmin):
     def run_tasks(self, request, queryset):
         try:
             return super().run_tasks(request, queryset)
-        except (KombuOperationalError, OSError) as exc:
+        except BROKER_UNREACHABLE as exc:
             logger.warning("could not queue the selected periodic tasks: the task queue is unreachable (%s: %s)",
                            type(exc).__name__, exc)
             self.message_user(request, "Could not queue the selected tasks: the task queue (Redis) is unreachable. "
