@@ -257,20 +257,23 @@ elif CELERY_BROKER_URL.startswith(("redis://", "rediss://")):
 # none:// turns the read cache off. Keys carry the database's identity, so two deployments
 # (or test runs) sharing one Redis never serve each other's rows.
 CACHE_URL = env_secret("CACHE_URL", REDIS_URL or f"file://{BASE_DIR / 'var' / 'cache'}")
-_cache_scheme, _, _cache_rest = CACHE_URL.partition("://")
-if _cache_scheme in ("redis", "rediss", "unix"):
-    _cache = {"BACKEND": "config.redis_cache.RedisCache", "LOCATION": CACHE_URL,
-              "OPTIONS": {"socket_connect_timeout": 0.5, "socket_timeout": 0.5}}
-elif _cache_scheme == "file":
-    _cache = {"BACKEND": "django.core.cache.backends.filebased.FileBasedCache", "LOCATION": _cache_rest,
-              "OPTIONS": {"MAX_ENTRIES": 5000}}
-elif _cache_scheme == "locmem":
-    _cache = {"BACKEND": "django.core.cache.backends.locmem.LocMemCache", "OPTIONS": {"MAX_ENTRIES": 5000}}
-elif _cache_scheme == "none":
-    _cache = {"BACKEND": "django.core.cache.backends.dummy.DummyCache"}
-else:
+
+
+def cache_backend(url: str) -> dict:
+    """The CACHES entry (without its key prefix) for a CACHE_URL."""
+    scheme, _, rest = url.partition("://")
+    if scheme in ("redis", "rediss", "unix"):
+        return {"BACKEND": "config.redis_cache.RedisCache", "LOCATION": url,
+                "OPTIONS": {"socket_connect_timeout": 0.5, "socket_timeout": 0.5}}
+    if scheme == "file":
+        return {"BACKEND": "django.core.cache.backends.filebased.FileBasedCache", "LOCATION": rest,
+                "OPTIONS": {"MAX_ENTRIES": 5000}}
+    if scheme == "locmem":
+        return {"BACKEND": "django.core.cache.backends.locmem.LocMemCache", "OPTIONS": {"MAX_ENTRIES": 5000}}
+    if scheme == "none":
+        return {"BACKEND": "django.core.cache.backends.dummy.DummyCache"}
     raise ImproperlyConfigured(f"CACHE_URL must start with redis://, rediss://, file://, locmem:// or none://, "
-                               f"not {_cache_scheme}://")
+                               f"not {scheme}://")
 
 
 def cache_key_prefix(database: dict) -> str:
@@ -279,8 +282,8 @@ def cache_key_prefix(database: dict) -> str:
     return hashlib.sha256(identity.encode()).hexdigest()[:12]
 
 
-CACHES = {"default": {**_cache, "KEY_PREFIX": cache_key_prefix(DATABASES["default"])}}
-READ_CACHE_ENABLED = env_bool("READ_CACHE_ENABLED", default=True) and _cache_scheme != "none"
+CACHES = {"default": {**cache_backend(CACHE_URL), "KEY_PREFIX": cache_key_prefix(DATABASES["default"])}}
+READ_CACHE_ENABLED = env_bool("READ_CACHE_ENABLED", default=True) and not CACHE_URL.startswith("none://")
 
 # Deployments (or test runs) sharing one Redis keep apart by queue name.
 CELERY_TASK_DEFAULT_QUEUE = env_str("CELERY_QUEUE", "celery")

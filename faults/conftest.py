@@ -19,7 +19,7 @@ from pathlib import Path
 import dj_database_url
 import pytest
 
-from config.settings import cache_key_prefix
+from config.settings import cache_backend, cache_key_prefix
 from faults.services import PostgresCluster, RedisServer, child_env, python
 from faults.stack import POLL_INTERVAL_S, STALE_AFTER_S, TEMPLATE_DB, Stack, orm_on
 
@@ -58,8 +58,7 @@ def stack(pg_cluster, tmp_path, settings, django_db_blocker) -> Iterator[Stack]:
     result = Stack(tmp_path, pg_cluster, database, redis, secret)
     # This process writes to the stack's database too: its writes must reach the read cache the
     # stack's web server reads (config/read_cache.py), under the keys the children use.
-    settings.CACHES = {"default": {"BACKEND": "config.redis_cache.RedisCache", "LOCATION": redis.url,
-                                   "OPTIONS": {"socket_connect_timeout": 0.5, "socket_timeout": 0.5},
+    settings.CACHES = {"default": {**cache_backend(redis.url),
                                    "KEY_PREFIX": cache_key_prefix(dj_database_url.parse(result.database_url))}}
     try:
         with django_db_blocker.unblock(), orm_on(result.database_url):
