@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 HOST ?= 127.0.0.1
 PORT ?= 8000
 
-.PHONY: run test lint check install serve clean
+.PHONY: run test lint check install serve clean audit
 
 # The virtualenv is rebuilt whenever a requirements file changes.
 $(VENV)/.installed: requirements.txt requirements-dev.txt
@@ -51,5 +51,13 @@ lint: install
 
 check: lint test
 
+# Known vulnerabilities in the pinned set (PyPI's advisory service, through pip-audit in a
+# virtualenv of its own). --strict: a package it could not look up is a failure, never a pass.
+AUDIT_VENV ?= .venv-audit
+audit:
+	$(PYTHON) -m venv $(AUDIT_VENV)
+	$(AUDIT_VENV)/bin/python -m pip install --quiet --disable-pip-version-check -r requirements-audit.txt
+	$(AUDIT_VENV)/bin/pip-audit --strict --progress-spinner off -r requirements.txt -r requirements-dev.txt
+
 clean:
-	rm -rf $(VENV) db.sqlite3 .test-db.sqlite3 var staticfiles .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(AUDIT_VENV) db.sqlite3 .test-db.sqlite3 var staticfiles .pytest_cache .ruff_cache
