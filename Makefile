@@ -1,4 +1,8 @@
 # The two commands of the README: `make run` and `make test`. Both need only Python 3.11+.
+#
+# DEBUG is off unless set (config/settings.py): the development targets below set DEBUG=true,
+# so the demo serves plain http on 127.0.0.1 with a development secret. The tests set it
+# themselves (config/test_settings.py).
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
@@ -24,6 +28,8 @@ $(DEMO_SECRETS): | $(VENV)/.installed
 	mkdir -p var
 	$(BIN)/python -c "import secrets; print(secrets.token_urlsafe(12))" > $@
 	chmod 600 $@
+
+run serve lint: export DEBUG = true
 
 run: install $(DEMO_SECRETS)
 	$(BIN)/python manage.py migrate --noinput

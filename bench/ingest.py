@@ -45,6 +45,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
+os.environ.setdefault("DEBUG", "true")  # development settings, as `make run`: DEBUG is off unless set
 
 GPUS_PER_HOST = 8
 VGPUS_PER_GPU = 4

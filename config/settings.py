@@ -1,10 +1,12 @@
 """Settings of the vGPU fleet dashboard, read from environment variables.
 
-Every variable is documented in .env.example. With nothing set the product runs
-embedded: SQLite in the project folder, DEBUG on, a development secret. A production
-deployment (DEBUG off) must set SECRET_KEY, or start-up fails. Secrets (SECRET_KEY,
-DATABASE_URL, POSTGRES_PASSWORD, REDIS_URL, CELERY_BROKER_URL, AGENT_TOKEN_KEY,
-EMAIL_HOST_PASSWORD, METRICS_TOKEN) may instead be read from a file named by NAME_FILE.
+Every variable is documented in .env.example. With nothing set the product runs on SQLite in
+the project folder and an embedded broker, with production's safeguards: DEBUG is off unless
+the variable DEBUG says true, and then SECRET_KEY must be set (start-up fails otherwise) and
+https is enforced. Development (`make run`, the tests) sets DEBUG=true, which brings a
+development secret and plain http. Secrets (SECRET_KEY, DATABASE_URL, POSTGRES_PASSWORD,
+REDIS_URL, CELERY_BROKER_URL, AGENT_TOKEN_KEY, EMAIL_HOST_PASSWORD, METRICS_TOKEN) may instead
+be read from a file named by NAME_FILE.
 """
 
 import hashlib
@@ -46,11 +48,27 @@ def env_float(name: str, default: float) -> float:
         raise ImproperlyConfigured(f"{name}={value!r} is not a number") from exc
 
 
+def env_int(name: str, default: int, minimum: int = 0) -> int:
+    """A whole number of at least `minimum` (a count or a limit), `default` when unset."""
+    value = os.environ.get(name)
+    if value is None or value == "":
+        return default
+    try:
+        number = int(value)
+    except ValueError:
+        raise ImproperlyConfigured(f"{name}={value!r} is not a whole number") from None
+    if number < minimum:
+        raise ImproperlyConfigured(f"{name}={number} must be {minimum} or more")
+    return number
+
+
 def env_list(name: str, default: str = "") -> list[str]:
     return [item.strip() for item in os.environ.get(name, default).split(",") if item.strip()]
 
 
-DEBUG = env_bool("DEBUG", default=True)
+# Off unless asked for: a deployment that forgets the variable gets production's safeguards.
+# `make run` and the tests set DEBUG=true (Makefile, config/test_settings.py).
+DEBUG = env_bool("DEBUG", default=False)
 SECRET_KEY = env_secret("SECRET_KEY")
 if not SECRET_KEY:
     if not DEBUG:
@@ -326,9 +344,12 @@ TELEMETRY_ROLLUP_MAX_BUCKETS = int(env_float("TELEMETRY_ROLLUP_MAX_BUCKETS", 120
 TELEMETRY_ROLLUP_LATE_S = env_float("TELEMETRY_ROLLUP_LATE_S", 120.0)
 # Rows deleted per statement by retention, so no DELETE holds its locks for long.
 TELEMETRY_PRUNE_BATCH = int(env_float("TELEMETRY_PRUNE_BATCH", 10_000))
-# Prometheus exposition at /metrics: with a token, scrapers send `Authorization: Bearer <token>`;
-# without one, only staff sessions and requests from loopback may read it.
+# Prometheus exposition at /metrics (telemetry/exposition.py): it names artists and their VMs,
+# so it needs credentials, from loopback too (a reverse proxy on the same machine makes every
+# request loopback's): `Authorization: Bearer <METRICS_TOKEN>`, or the API token or session of a
+# staff user. METRICS_PUBLIC=true lets anyone read it.
 METRICS_TOKEN = env_secret("METRICS_TOKEN")
+METRICS_PUBLIC = env_bool("METRICS_PUBLIC", default=False)
 
 # Sizing: right-sizing suggestions judge each VM on its hourly rollups of the last
 # SIZING_WINDOW_DAYS days (NVIDIA's proof-of-concept advice: two weeks of real work).
@@ -403,15 +424,22 @@ CONTENT_SECURITY_POLICY = {
 
 # --- Sign-in throttling (django-axes; config/lockout.py) ------------------------------------
 # AXES_FAILURE_LIMIT failed sign-ins for one user name from one address lock that pair out for
-# AXES_COOLOFF_MINUTES (counted from the last failure); the sign-in page says how long. API
-# tokens are not throttled. `manage.py axes_reset_username <name>` lifts a lockout early.
+# AXES_COOLOFF_MINUTES (counted from the last failure); the sign-in page says how long. Against
+# password spraying (a few guesses at each of many names), AXES_ADDRESS_FAILURE_LIMIT failures
+# from one address, whatever the names, lock the whole address out (0: never). Each name counts
+# at most AXES_FAILURE_LIMIT failures there, and a name's failures stop counting once it signs in,
+# so one user who keeps mistyping, or colleagues' typos, do not lock out a studio behind one NAT
+# address. API tokens are not throttled. `manage.py axes_reset_username <name>` lifts a name's
+# lockout early, `manage.py axes_reset_ip <address>` an address's (docs/operations.md).
 INSTALLED_APPS.append("axes")
 MIDDLEWARE.append("axes.middleware.AxesMiddleware")  # last, as axes asks
 AUTHENTICATION_BACKENDS = [
     "config.lockout.SignInThrottleBackend",  # an AxesStandaloneBackend; must come first
     "django.contrib.auth.backends.ModelBackend",
 ]
-AXES_FAILURE_LIMIT = 5
+AXES_FAILURE_LIMIT = env_int("AXES_FAILURE_LIMIT", 5, minimum=1)
+AXES_ADDRESS_FAILURE_LIMIT = env_int("AXES_ADDRESS_FAILURE_LIMIT", 30)  # ours (config/lockout.py), not axes'
+AXES_HANDLER = "config.lockout.SignInThrottleHandler"
 AXES_COOLOFF_TIME = timedelta(minutes=env_float("AXES_COOLOFF_MINUTES", 15))
 AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
 AXES_RESET_ON_SUCCESS = True

@@ -6,15 +6,17 @@ size. Values come from the newest sample of each GPU and vGPU, if it is no older
 TELEMETRY_STALE_AFTER_S; a stale or missing reading, or a metric the GPU does not report, is
 left out (no series) rather than shown as 0, so `absent()` alerts and gaps work as expected.
 
-Access (METRICS_TOKEN, documented in .env.example): when the setting is set, a scrape must send
-`Authorization: Bearer <METRICS_TOKEN>`; when unset, only staff sessions and requests from
-loopback may read it.
+Access: the series name artists and their VMs, so a scrape needs credentials, from loopback
+too (a reverse proxy on the same machine makes every request loopback's):
+`Authorization: Bearer <METRICS_TOKEN>` (a setting; may come from METRICS_TOKEN_FILE), or the
+API token (`Authorization: Token <key>`) or session of a staff user. Anything else is 401 with
+a WWW-Authenticate challenge; a valid token or session of a non-staff user (an artist) is 403.
+METRICS_PUBLIC=true lets anyone read it. See `refusal`.
 """
 
 from __future__ import annotations
 
 import hmac
-import ipaddress
 from collections import Counter, defaultdict
 from collections.abc import Iterator
 from datetime import datetime, timedelta
@@ -27,6 +29,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from fleet import api_tokens
 from fleet.choices import GpuMode
 from fleet.models import Gpu, Vgpu
 from fleet.queries import is_fleet_admin
@@ -150,33 +153,57 @@ class FleetCollector(Collector):
         yield from (up, age)
 
 
-def _from_loopback(request: HttpRequest) -> bool:
-    try:
-        address = ipaddress.ip_address(request.META.get("REMOTE_ADDR", ""))
-    except ValueError:
-        return False
-    mapped = getattr(address, "ipv4_mapped", None)
-    return (mapped or address).is_loopback
+UNAUTHORIZED = ("/metrics needs `Authorization: Bearer <METRICS_TOKEN>`, or `Authorization: Token <key>` "
+                "of a staff user's API token.\n")
 
 
-def _bearer_matches(request: HttpRequest, token: str) -> bool:
-    scheme, _, given = request.headers.get("Authorization", "").partition(" ")
-    return scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode(), token.encode())
+def _plain(text: str, status: int) -> HttpResponse:
+    return HttpResponse(text, status=status, content_type="text/plain; charset=utf-8")
+
+
+def _unauthorized() -> HttpResponse:
+    response = _plain(UNAUTHORIZED, 401)
+    response["WWW-Authenticate"] = 'Bearer realm="metrics", Token realm="api"'
+    return response
+
+
+def refusal(request: HttpRequest) -> HttpResponse | None:
+    """None when the request may read the exposition, else the answer that refuses it.
+
+    A bearer token must equal METRICS_TOKEN (compared in constant time; with no METRICS_TOKEN set
+    no bearer token is right, an agent's included). A `Token` key must be a live API token of
+    an active user (as the API checks it). Without either header, the browser session counts.
+    The user so found must be staff: the exposition is fleet-wide.
+    """
+    if settings.METRICS_PUBLIC:
+        return None
+    scheme, _, credentials = request.headers.get("Authorization", "").partition(" ")
+    credentials = credentials.strip()
+    if scheme.lower() == "bearer":
+        expected = settings.METRICS_TOKEN
+        if expected and hmac.compare_digest(credentials.encode(), expected.encode()):
+            return None
+        return _unauthorized()
+    if scheme.lower() == "token":
+        token = api_tokens.find_by_key(credentials) if credentials else None
+        if token is None or not token.user.is_active:
+            return _unauthorized()
+        api_tokens.mark_used(token)
+        user = token.user
+    else:
+        user = request.user
+        if not user.is_authenticated:
+            return _unauthorized()
+    if not is_fleet_admin(user):
+        return _plain("Only staff may read /metrics: it covers the whole fleet.\n", 403)
+    return None
 
 
 @never_cache
 def metrics_view(request: HttpRequest) -> HttpResponse:
-    """The exposition (text format 0.0.4), behind METRICS_TOKEN or staff-or-loopback."""
-    token = settings.METRICS_TOKEN
-    if token:
-        if not _bearer_matches(request, token):
-            response = HttpResponse("A valid `Authorization: Bearer <METRICS_TOKEN>` header is required.\n",
-                                    status=401, content_type="text/plain")
-            response["WWW-Authenticate"] = 'Bearer realm="metrics"'
-            return response
-    elif not (is_fleet_admin(request.user) or _from_loopback(request)):
-        return HttpResponse("Only staff and loopback may read /metrics unless METRICS_TOKEN is set.\n",
-                            status=403, content_type="text/plain")
+    """The exposition (text format 0.0.4), for the holders of `refusal`'s credentials."""
+    if (refused := refusal(request)) is not None:
+        return refused
     registry = CollectorRegistry(auto_describe=False)
     registry.register(FleetCollector())
     return HttpResponse(generate_latest(registry), content_type=CONTENT_TYPE_LATEST)

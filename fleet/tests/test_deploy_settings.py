@@ -1,6 +1,7 @@
-"""Production settings: `check --deploy` passes with no warning, HTTPS is enforced in
-production and plain http keeps working in development, the content security policy is on
-everywhere, secrets come from the environment or *_FILE paths, and no secret reaches a log.
+"""Production settings: DEBUG is off unless the environment says true, `check --deploy` passes
+with no warning, HTTPS is enforced in production and plain http keeps working in development
+(DEBUG=true, as `make run` sets it), the content security policy is on everywhere, secrets come
+from the environment or *_FILE paths, and no secret reaches a log.
 
 Production settings are read once per process, so those tests start `manage.py` or a short
 Python script in a subprocess with the production environment."""
@@ -28,11 +29,12 @@ SECRET_ENV = ("SECRET_KEY", "DATABASE_URL", "POSTGRES_PASSWORD", "REDIS_URL", "C
 
 
 def production_env(tmp_path: Path, **extra: str) -> dict[str, str]:
-    """The environment of a production process: DEBUG off, a 50-character secret key, one host,
-    SQLite in `tmp_path` and the embedded broker, unless `extra` says otherwise."""
+    """The environment of a production process: no DEBUG (off by default), a 50-character secret
+    key, one host, SQLite in `tmp_path` and the embedded broker, unless `extra` says otherwise."""
     env = {k: v for k, v in os.environ.items()
-           if k.removesuffix("_FILE") not in SECRET_ENV and not k.startswith(("SECURE_", "DJANGO_"))}
-    env.update(DEBUG="false", SECRET_KEY=secrets.token_urlsafe(48)[:50], ALLOWED_HOSTS="fleet.example",
+           if k.removesuffix("_FILE") not in SECRET_ENV and not k.startswith(("SECURE_", "DJANGO_"))
+           and k != "DEBUG"}
+    env.update(SECRET_KEY=secrets.token_urlsafe(48)[:50], ALLOWED_HOSTS="fleet.example",
                SQLITE_PATH=str(tmp_path / "prod.sqlite3"), CELERY_QUEUE_DIR=str(tmp_path / "queue"),
                PYTHONPATH=str(ROOT), DJANGO_SETTINGS_MODULE="config.settings")
     env.update(extra)
@@ -49,15 +51,16 @@ def manage(env: dict[str, str], *args: str) -> subprocess.CompletedProcess:
 
 # What a production process answers over the test client, as JSON on stdout.
 PROBE = """
-import json, django
+import json, os, django
 django.setup()
+from django.conf import settings
 from django.test import Client
 from django.test.utils import override_settings
 # pages name their static files; the manifest of collectstatic (built into the image) is not here
 override_settings(STORAGES={"staticfiles": {
     "BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"}}).enable()
-client = Client(HTTP_HOST="fleet.example")
-out = {}
+client = Client(HTTP_HOST=os.environ.get("PROBE_HOST", "fleet.example"))
+out = {"debug": settings.DEBUG}
 for name, kwargs in {"http": {}, "https": {"secure": True},
                      "forwarded": {"HTTP_X_FORWARDED_PROTO": "https"}}.items():
     r = client.get("/login/", **kwargs)
@@ -97,6 +100,62 @@ def test_production_without_secret_key_refuses_to_start(tmp_path):
     result = manage(production_env(tmp_path, SECRET_KEY=None), "check")
     assert result.returncode != 0
     assert "SECRET_KEY must be set when DEBUG is off" in result.stderr
+
+
+# --- DEBUG: off unless set to a true value -------------------------------------------------------
+
+# Imports the settings and prints DEBUG as JSON, or the error that stopped the import.
+SHOW_DEBUG = """
+import json
+from django.core.exceptions import ImproperlyConfigured
+try:
+    from config.settings import DEBUG
+except ImproperlyConfigured as exc:
+    DEBUG = str(exc)
+print(json.dumps(DEBUG))
+"""
+
+
+@pytest.mark.parametrize(("value", "debug"), [
+    (None, False), ("", False), ("0", False), ("false", False), ("no", False), ("off", False), ("FALSE", False),
+    ("1", True), ("true", True), ("yes", True), ("on", True), ("True", True),
+    ("maybe", "DEBUG='maybe' is not a boolean (use true or false)"),
+    ("2", "DEBUG='2' is not a boolean (use true or false)"),
+    ("ture", "DEBUG='ture' is not a boolean (use true or false)"),
+])
+def test_debug_is_off_unless_set_to_a_true_value(tmp_path, value, debug):
+    result = run([sys.executable, "-c", SHOW_DEBUG], production_env(tmp_path, DEBUG=value))
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout.strip().splitlines()[-1]) == debug
+
+
+def test_a_deployment_that_sets_no_debug_runs_as_production(tmp_path):
+    """Nothing said about DEBUG: https enforced, secure cookies, and no start without a secret key."""
+    answers = probe(production_env(tmp_path))
+    assert answers["debug"] is False
+    assert answers["http"]["status"] == 301
+    assert answers["https"]["csrf_cookie_secure"] is True
+    result = manage(production_env(tmp_path, SECRET_KEY=None), "check")
+    assert result.returncode != 0
+    assert "SECRET_KEY must be set when DEBUG is off" in result.stderr
+
+
+def test_a_bad_debug_value_stops_start_up_with_a_clear_message(tmp_path):
+    result = manage(production_env(tmp_path, DEBUG="maybe"), "check")
+    assert result.returncode != 0
+    assert "DEBUG='maybe' is not a boolean (use true or false)" in result.stderr
+
+
+def test_debug_true_serves_the_demo_on_plain_http_without_a_secret_key(tmp_path):
+    """What `make run` and `make serve` start (the Makefile sets DEBUG=true and nothing else)."""
+    env = production_env(tmp_path, DEBUG="true", SECRET_KEY=None, ALLOWED_HOSTS=None, PROBE_HOST="127.0.0.1")
+    answers = probe(env)
+    assert answers["debug"] is True
+    http = answers["http"]
+    assert http["status"] == 200
+    assert http["hsts"] is None
+    assert http["csrf_cookie_secure"] is False
+    assert "script-src 'self'" in http["csp"]
 
 
 # --- .env.example and docker-compose.yml ----------------------------------------------------------

@@ -321,8 +321,8 @@ ROWS = [
     Row("api/schema/", lambda w: "/api/schema/", API_SIGNED_IN),
     Row("api/docs/", lambda w: "/api/docs/", API_SIGNED_IN),
     Row("healthz", lambda w: "/healthz", (200,) * 6),
-    # Prometheus text: a staff session (or METRICS_TOKEN, or loopback); no user or agent token.
-    Row("metrics", lambda w: "/metrics", (403, 403, 403, 200, 403, 403)),
+    # Prometheus text: a staff session or API token (or METRICS_TOKEN); no artist, no agent token.
+    Row("metrics", lambda w: "/metrics", (401, 403, 403, 200, 200, 401)),
 ]
 
 

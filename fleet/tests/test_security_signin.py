@@ -2,22 +2,31 @@
 from one address lock that pair out; the sixth is refused even with the right password and the
 page says how long to wait. Other users, other addresses and API tokens are unaffected; the
 lockout ends after the cool-off or when an admin resets it. Behind a reverse proxy
-(TRUSTED_PROXY_COUNT) each client is counted by the address the proxy saw, whatever it forges."""
+(TRUSTED_PROXY_COUNT) each client is counted by the address the proxy saw, whatever it forges.
+
+Password spraying (one guess at each of many names) locks the whole address after 30 failures,
+without letting one user's mistakes or colleagues' corrected typos lock out a studio that shares
+one NAT address; a locked-out admin gets back in with the commands docs/operations.md gives."""
 
 from __future__ import annotations
 
 from datetime import timedelta
+from io import StringIO
+from pathlib import Path
 
 import pytest
 from axes.models import AccessAttempt
 from django.core.management import call_command
 from django.test import Client
+from django.utils import timezone
 
 from config.lockout import client_address
 from fleet.api_tokens import issue_token
 from fleet.tests.factories import UserFactory
 
 pytestmark = pytest.mark.django_db
+
+ROOT = Path(__file__).resolve().parents[2]
 
 PASSWORD = "pass-word-123"  # UserFactory's
 OFFICE = "10.1.0.15"
@@ -202,3 +211,149 @@ def test_the_counted_address_is_the_one_the_outermost_proxy_saw(settings, rf, co
     settings.TRUSTED_PROXY_COUNT = count
     request = rf.post("/login/", REMOTE_ADDR=PROXY, HTTP_X_FORWARDED_FOR=forwarded_for)
     assert client_address(request) == counted
+
+
+# Password spraying: many names from one address -------------------------------------------------
+
+SPRAYER = "10.1.0.66"
+ADDRESS_LOCKED = "Too many failed sign-ins from your network address; try again in 15 minutes."
+
+
+def spray(names: int, addr: str = SPRAYER) -> list[int]:
+    """One wrong guess at each of `names` user names (none of which exists); the statuses."""
+    return [Client(REMOTE_ADDR=addr).post("/login/", {"username": f"staff{n:02d}", "password": "Winter2026!"})
+            .status_code for n in range(names)]
+
+
+def test_thirty_names_sprayed_from_one_address_lock_the_address_out(ana):
+    assert spray(30) == [200] * 29 + [429]
+
+    _, fresh = sign_in("nobody-tried-yet", "Winter2026!", addr=SPRAYER)
+    client, right = sign_in("ana", PASSWORD, addr=SPRAYER)
+
+    assert fresh.status_code == 429
+    assert right.status_code == 429, "a real user's right password from the spraying address is refused too"
+    assert ADDRESS_LOCKED in right.content.decode()
+    assert not signed_in(client)
+
+
+def test_another_address_is_not_affected_by_a_sprayer(ana):
+    spray(30)
+
+    client, response = sign_in("ana", PASSWORD, addr=OTHER_DESK)
+
+    assert response.status_code == 302
+    assert signed_in(client)
+
+
+def test_a_forged_forwarded_for_does_not_escape_the_address_lockout(ana):
+    """Without a trusted proxy the header is the client's to write: rotating it changes nothing."""
+    statuses = [Client(REMOTE_ADDR=SPRAYER, HTTP_X_FORWARDED_FOR=f"192.0.2.{n}").post(
+        "/login/", {"username": f"staff{n:02d}", "password": "Winter2026!"}).status_code for n in range(30)]
+    assert statuses == [200] * 29 + [429]
+
+    client = Client(REMOTE_ADDR=SPRAYER, HTTP_X_FORWARDED_FOR=OTHER_DESK)
+    response = client.post("/login/", {"username": "ana", "password": PASSWORD, "next": "/me/"})
+    assert response.status_code == 429
+    assert not signed_in(client)
+
+
+def test_behind_one_proxy_a_sprayer_is_locked_by_the_address_the_proxy_saw(ana, one_proxy):
+    """Every connection comes from the proxy: the desk it names is locked, not the proxy, and
+    entries the sprayer writes left of the proxy's own do not move the count elsewhere."""
+    for n in range(30):
+        through_proxy(f"staff{n:02d}", "Winter2026!", f"192.0.2.{n}, {MAYA_DESK}")
+
+    _, at_maya = through_proxy("ana", PASSWORD, MAYA_DESK)
+    leo, at_leo = through_proxy("ana", PASSWORD, LEO_DESK)
+
+    assert at_maya.status_code == 429
+    assert at_leo.status_code == 302, "another desk behind the same proxy signs in"
+    assert signed_in(leo)
+
+
+def test_one_user_hammering_a_locked_name_does_not_lock_the_studio_address(ana):
+    """Behind one NAT address: a user who keeps trying after the name locked counts as one
+    locked name, not as dozens of failures, so colleagues still sign in."""
+    bob = UserFactory(username="bob")
+    for _ in range(40):
+        sign_in("ana", "wrong-password")
+
+    client, response = sign_in(bob.username, PASSWORD)
+
+    assert response.status_code == 302
+    assert signed_in(client)
+
+
+def test_typos_followed_by_a_good_sign_in_do_not_add_up(ana):
+    """Forty colleagues each mistype once and then sign in: their failures no longer count, so
+    the shared address takes 29 more failures before it locks."""
+    for n in range(40):
+        user = UserFactory(username=f"artist{n:02d}")
+        sign_in(user.username, "typo")
+        client, _ = sign_in(user.username, PASSWORD)
+        assert signed_in(client)
+
+    assert spray(30, addr=OFFICE) == [200] * 29 + [429]
+
+
+def test_the_address_limit_is_configurable_and_zero_turns_it_off(ana, settings):
+    settings.AXES_ADDRESS_FAILURE_LIMIT = 3
+    assert spray(3) == [200, 200, 429]
+
+    settings.AXES_ADDRESS_FAILURE_LIMIT = 0
+    client, response = sign_in("ana", PASSWORD, addr=SPRAYER)
+    assert response.status_code == 302
+    assert signed_in(client)
+
+
+def test_the_address_lockout_ends_after_the_cool_off(ana):
+    spray(30)
+    AccessAttempt.objects.update(attempt_time=timezone.now() - timedelta(minutes=16))
+
+    client, response = sign_in("ana", PASSWORD, addr=SPRAYER)
+
+    assert response.status_code == 302
+    assert signed_in(client)
+
+
+# The documented way back for a locked-out admin (docs/operations.md, README) ----------------------
+
+DOCS = (ROOT / "docs" / "operations.md").read_text() + (ROOT / "README.md").read_text()
+
+
+@pytest.fixture
+def admin():
+    return UserFactory(username="admin", is_staff=True, is_superuser=True)
+
+
+def test_a_locked_out_admin_gets_back_in_with_the_documented_axes_reset_username(admin):
+    assert "python manage.py axes_reset_username admin" in DOCS
+    fail("admin", 5)
+    _, refused = sign_in("admin", PASSWORD)
+    assert refused.status_code == 429
+
+    call_command("axes_reset_username", "admin", stdout=StringIO())
+
+    client, response = sign_in("admin", PASSWORD)
+    assert response.status_code == 302
+    assert signed_in(client)
+
+
+def test_an_admin_behind_a_locked_address_gets_back_in_with_the_documented_axes_reset_ip(admin):
+    assert "python manage.py axes_reset_ip <address>" in DOCS
+    spray(30, addr=OFFICE)
+    _, refused = sign_in("admin", PASSWORD)
+    assert refused.status_code == 429
+    call_command("axes_reset_username", "admin", stdout=StringIO())
+    _, still = sign_in("admin", PASSWORD)
+    assert still.status_code == 429, "the address, not the name, is locked"
+    listing = StringIO()
+    call_command("axes_list_attempts", stdout=listing)
+    assert OFFICE in listing.getvalue()  # where the documented listing shows the address to reset
+
+    call_command("axes_reset_ip", OFFICE, stdout=StringIO())
+
+    client, response = sign_in("admin", PASSWORD)
+    assert response.status_code == 302
+    assert signed_in(client)

@@ -1,4 +1,6 @@
-"""/metrics: the Prometheus exposition, read back with prometheus_client's own parser."""
+"""/metrics: the Prometheus exposition, read back with prometheus_client's own parser, and who
+may read it: a scraper with METRICS_TOKEN or a staff user (API token or session), from loopback
+as from anywhere; anonymous callers, wrong tokens and artists are refused."""
 
 from datetime import timedelta
 
@@ -9,14 +11,24 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 from prometheus_client.parser import text_string_to_metric_families
 
+from fleet.api_tokens import issue_token, revoke_token
 from fleet.tests.factories import GpuFactory, HostFactory, UserFactory
-from telemetry.models import Agent
+from telemetry.models import Agent, AgentKind
 from telemetry.tests.rollup_world import gpu_samples, studio, vgpu_samples
+
+SCRAPE_TOKEN = "s3cret-scrape-token"
+SCRAPER = {"HTTP_AUTHORIZATION": f"Bearer {SCRAPE_TOKEN}"}
+
+
+@pytest.fixture(autouse=True)
+def _metrics_token(settings):
+    settings.METRICS_TOKEN = SCRAPE_TOKEN
+    settings.METRICS_PUBLIC = False
 
 
 def scrape(client=None, **extra) -> dict[str, list]:
-    """{metric name: [(labels, value), ...]} of one scrape from loopback."""
-    response = (client or Client()).get("/metrics", **extra)
+    """{metric name: [(labels, value), ...]} of one scrape with METRICS_TOKEN, as Prometheus sends it."""
+    response = (client or Client()).get("/metrics", **{**SCRAPER, **extra})
     assert response.status_code == 200, response.content
     assert response["Content-Type"].startswith("text/plain; version=")
     return {
@@ -149,31 +161,87 @@ def test_scrape_costs_the_same_queries_for_2_and_20_gpus(db):
     assert len(large) == len(small) <= 6
 
 
-# Access --------------------------------------------------------------------------------------
+# Access ----------------------------------------------------------------------------------------
+
+LAN = "10.1.2.3"
+LOOPBACK = ("127.0.0.1", "::1", "::ffff:127.0.0.1")
 
 
-def test_without_a_token_loopback_and_staff_may_read_others_not(db, settings):
+def get(client=None, **extra):
+    return (client or Client()).get("/metrics", **extra)
+
+
+def assert_refused(response, status: int) -> None:
+    """Refused, and nothing of the fleet (artists' names, VMs, hosts) in the answer."""
+    assert response.status_code == status, response.content
+    for secret in (b"Ana", b"ws-ana", b"render-01", b"vgpu_fleet"):
+        assert secret not in response.content
+
+
+@pytest.mark.parametrize("token", [SCRAPE_TOKEN, ""])
+def test_anonymous_scrapes_are_refused_from_loopback_too(world, settings, token):
+    """A reverse proxy on the dashboard's own machine makes every request loopback's."""
+    settings.METRICS_TOKEN = token
+    for addr in (*LOOPBACK, LAN):
+        response = get(REMOTE_ADDR=addr)
+        assert_refused(response, 401)
+        assert response["WWW-Authenticate"].startswith('Bearer realm="metrics"')
+
+
+def test_wrong_bearer_tokens_are_refused(world, settings):
+    agent = Agent.objects.create(name="render-01-push", kind=AgentKind.NVIDIA_SMI, host=world.host)
+    for header in ("Bearer not-it", f"Bearer {SCRAPE_TOKEN}x", f"Bearer {SCRAPE_TOKEN[:-1]}", "Bearer ",
+                   f"Basic {SCRAPE_TOKEN}", SCRAPE_TOKEN, "Bearer \u00e9t\u00e9", f"Bearer {agent.token}"):
+        assert_refused(get(HTTP_AUTHORIZATION=header, REMOTE_ADDR="127.0.0.1"), 401)
+    # With no METRICS_TOKEN set, no bearer token is right, the empty one included.
     settings.METRICS_TOKEN = ""
-    remote = {"REMOTE_ADDR": "10.1.2.3"}
-    staff, artist = Client(), Client()
+    for header in ("Bearer ", "Bearer", 'Bearer ""'):
+        assert_refused(get(HTTP_AUTHORIZATION=header), 401)
+
+
+def test_the_metrics_token_opens_it_from_anywhere(world):
+    for addr in ("127.0.0.1", LAN):
+        response = get(HTTP_AUTHORIZATION=f"Bearer {SCRAPE_TOKEN}", REMOTE_ADDR=addr)
+        assert response.status_code == 200
+        assert b"# TYPE vgpu_fleet_gpus gauge" in response.content
+
+
+def test_a_staff_api_token_opens_it_and_the_body_parses(world):
+    vgpu_samples(world.vm_ana, world.gpu_1, timezone.now() - timedelta(seconds=10), 1, fb_used_mib=6000.0)
+    _, key = issue_token(UserFactory(username="prometheus-bot", is_staff=True), "prometheus")
+
+    metrics = scrape(HTTP_AUTHORIZATION=f"Token {key}", REMOTE_ADDR=LAN)
+
+    assert value(metrics, "vgpu_fleet_vgpu_fb_used_mib", vm="ws-ana", artist="Ana") == 6000.0
+
+
+def test_revoked_or_inactive_staff_tokens_are_refused(world):
+    staff = UserFactory(username="prometheus-bot", is_staff=True)
+    revoked, revoked_key = issue_token(staff, "old")
+    revoke_token(revoked)
+    _, inactive_key = issue_token(UserFactory(username="left-the-studio", is_staff=True, is_active=False))
+
+    for header in (f"Token {revoked_key}", f"Token {inactive_key}", "Token " + "0" * 48, "Token "):
+        assert_refused(get(HTTP_AUTHORIZATION=header, REMOTE_ADDR=LAN), 401)
+
+
+def test_an_artist_may_not_read_fleet_wide_metrics_by_token_or_session(world):
+    """The exposition names every artist and VM: an artist's own credentials are not enough."""
+    _, key = issue_token(world.ana.user)
+    session = Client()
+    session.force_login(world.ana.user)
+
+    assert_refused(get(HTTP_AUTHORIZATION=f"Token {key}", REMOTE_ADDR="127.0.0.1"), 403)
+    assert_refused(get(session, REMOTE_ADDR="127.0.0.1"), 403)
+
+
+def test_a_staff_session_opens_it(world):
+    staff = Client()
     staff.force_login(UserFactory(username="it-admin", is_staff=True))
-    artist.force_login(UserFactory(username="an-artist"))
-
-    assert Client().get("/metrics", REMOTE_ADDR="127.0.0.1").status_code == 200
-    assert Client().get("/metrics", REMOTE_ADDR="::1").status_code == 200
-    assert Client().get("/metrics", **remote).status_code == 403
-    assert artist.get("/metrics", **remote).status_code == 403
-    assert staff.get("/metrics", **remote).status_code == 200
+    assert get(staff, REMOTE_ADDR=LAN).status_code == 200
 
 
-def test_with_a_token_scrapers_must_present_it(db, settings):
-    settings.METRICS_TOKEN = "s3cret-scrape-token"
-
-    missing = Client().get("/metrics")
-    wrong = Client().get("/metrics", HTTP_AUTHORIZATION="Bearer not-it")
-    right = Client().get("/metrics", HTTP_AUTHORIZATION="Bearer s3cret-scrape-token", REMOTE_ADDR="10.1.2.3")
-
-    assert missing.status_code == wrong.status_code == 401  # loopback alone is not enough any more
-    assert missing["WWW-Authenticate"].startswith("Bearer")
-    assert right.status_code == 200
-    assert b"# TYPE vgpu_fleet_gpus gauge" in right.content
+def test_metrics_public_opens_it_to_anyone(world, settings):
+    settings.METRICS_PUBLIC = True
+    metrics = scrape(HTTP_AUTHORIZATION="", REMOTE_ADDR=LAN)
+    assert value(metrics, "vgpu_fleet_vgpus_placed", gpu_model="NVIDIA L40S") == 3

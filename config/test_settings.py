@@ -1,0 +1,21 @@
+"""Settings of the test suite (pyproject's DJANGO_SETTINGS_MODULE): config.settings with DEBUG=true.
+
+DEBUG is off unless the environment says otherwise (config/settings.py), and then the settings
+demand a real SECRET_KEY, redirect plain http to https, send secure-only cookies and serve static
+files from collectstatic's manifest: the test client's plain http requests and the pages' static
+files would all fail. So the suite runs with development's settings, as `make run` does;
+pytest-django still sets settings.DEBUG to False while the tests run, so error handling is
+production's. Production's own settings are tested in subprocesses
+(fleet/tests/test_deploy_settings.py) and by the fault tests, whose processes run with DEBUG off
+(faults/settings.py).
+
+The variable, not a DEBUG = True below, because config.settings derives other settings from it
+as it is imported; processes the tests start (workers, agents, `manage.py`) inherit it. An
+explicit DEBUG in the environment wins.
+"""
+
+import os
+
+os.environ.setdefault("DEBUG", "true")
+
+from config.settings import *  # noqa: E402, F403
