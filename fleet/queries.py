@@ -11,6 +11,12 @@ VMs touch: their own artist record, their VMs and those VMs' vGPUs, and the host
 carry those VMs. Figures of a host or GPU that an artist may see (allocated vCPUs, used frame
 buffer) are totals over every VM on it: capacity, not another artist's data. Anonymous users
 see nothing.
+
+Telemetry of a whole GPU is narrower (`gpu_telemetry_visible`): a GPU's utilization and frame
+buffer readings are the sum of every vGPU on it, so an artist sharing a GPU with anyone else
+would read their co-tenants' usage from it. An artist reads a GPU's series and newest reading
+only where every vGPU on it belongs to one of their own VMs; their own share is their VM's
+series.
 """
 
 from __future__ import annotations
@@ -65,6 +71,24 @@ def visible_gpus(user) -> QuerySet[Gpu]:
     if is_fleet_admin(user):
         return Gpu.objects.all()
     return Gpu.objects.filter(pk__in=Vgpu.objects.filter(vm__in=_own_vms(user)).values("gpu_id"))
+
+
+def gpu_telemetry_visible(user) -> QuerySet[Gpu]:
+    """GPUs whose own readings (series, heatmap rows, newest sample) `user` may read: all for
+    staff; for anyone else the GPUs they may see on which no one else is placed, i.e. every
+    vGPU on it belongs to one of their VMs (see the module's docstring)."""
+    if not (user and user.is_authenticated):
+        return Gpu.objects.none()
+    if is_fleet_admin(user):
+        return Gpu.objects.all()
+    others = Vgpu.objects.exclude(vm__in=_own_vms(user).values("pk")).values("gpu_id")
+    return visible_gpus(user).exclude(pk__in=others)
+
+
+def may_read_gpu_telemetry(user, gpu_id: int) -> bool:
+    """Whether `user` may read the readings of the GPU `gpu_id` (`gpu_telemetry_visible`); no
+    query for staff."""
+    return is_fleet_admin(user) or gpu_telemetry_visible(user).filter(pk=gpu_id).exists()
 
 
 def visible_artists(user) -> QuerySet[Artist]:

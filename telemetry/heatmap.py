@@ -25,6 +25,9 @@ Why it is built this way:
   GPU's reported total, else its model's; a VM's `profile_fb_mib`), then merged the same way.
 - **A host row combines its GPUs** bucket by bucket: the mean of their values for avg, the
   highest for max and p95 (a host is as hot as its hottest GPU).
+- **Artists read no shared GPU.** GPU and host rows read only the GPUs of
+  `fleet.queries.gpu_telemetry_visible`: for an artist, those on which no one else is placed
+  (a shared GPU's readings include the co-tenants' usage). Their VM rows are their own series.
 - **Hour of week** folds the hourly values of the range onto 168 columns, Monday 00:00 to
   Sunday 23:00 in the studio's time zone (settings.TIME_ZONE): the database aggregates per
   (row, hour), Python maps each hour to its local hour of the week (DST included: a local hour
@@ -50,7 +53,7 @@ from django.db.models.functions import Coalesce
 from django.urls import reverse
 
 from fleet.models import Gpu, GpuModel, Vgpu
-from fleet.queries import is_fleet_admin, visible_gpus, visible_hosts, visible_vms
+from fleet.queries import gpu_telemetry_visible, is_fleet_admin, visible_hosts, visible_vms
 from telemetry.aggregation import bucket_floor
 from telemetry.api.metrics import FIVE_MINUTES, GPU_METRICS, HOURLY, METRICS, STEP_LADDER, VM_METRICS
 from telemetry.models import GpuRollup, VmRollup
@@ -179,7 +182,7 @@ def _host_order(host_name: str | None) -> tuple:
 
 
 def _gpu_rows(user, host_id: int | None) -> tuple[list[Row], QuerySet]:
-    gpus = visible_gpus(user)
+    gpus = gpu_telemetry_visible(user)
     if host_id is not None:
         gpus = gpus.filter(host_id=host_id)
     rows = [
@@ -212,9 +215,13 @@ def _vm_rows(user, query: HeatmapQuery) -> tuple[list[Row], QuerySet]:
 
 
 def _host_rows(user, host_id: int | None) -> tuple[list[Row], QuerySet]:
-    """Hosts in scope with how many of their GPUs the row combines (those the user may see)."""
+    """Hosts in scope with how many of their GPUs the row combines (those whose readings the user
+    may read). An artist's host row combines only the GPUs no one else shares with them, and a
+    host without such a GPU is no row of theirs: its figures would be other people's."""
     hosts = visible_hosts(user)
-    gpus = visible_gpus(user)
+    gpus = gpu_telemetry_visible(user)
+    if not is_fleet_admin(user):
+        hosts = hosts.filter(pk__in=gpus.values("host_id"))
     if host_id is not None:
         hosts = hosts.filter(pk=host_id)
         gpus = gpus.filter(host_id=host_id)

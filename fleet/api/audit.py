@@ -2,27 +2,29 @@
 
 Artists get 403: events carry other people's names and rows. `?format=csv` streams every
 matching event (the same filters, no pagination) so an export of a long log needs no memory
-proportional to its length.
+proportional to its length. Every cell, before/after JSON included, is made safe for a
+spreadsheet by `config.csv_export`; `?format=csv` on one event or on an error answers
+`field,value` rows made safe the same way.
 """
 
 from __future__ import annotations
 
-import csv
 import datetime
 import json
 
 import django_filters
 from django.db.models import Q
-from django.http import StreamingHttpResponse
 from django.utils import timezone
 from rest_framework import serializers, viewsets
-from rest_framework.renderers import BaseRenderer, BrowsableAPIRenderer, JSONRenderer
+from rest_framework.renderers import BrowsableAPIRenderer, JSONRenderer
 
+from config.csv_export import CsvRenderer, chunked, csv_response
 from fleet.api.caching import CachedListMixin
 from fleet.api.permissions import IsFleetAdmin
 from fleet.choices import AuditSource
 from fleet.models import AuditEvent
 
+CSV_CHUNK_ROWS = 500
 CSV_COLUMNS = ("at", "actor", "source", "action", "object_type", "object_id", "object", "before", "after", "comment")
 
 
@@ -91,33 +93,18 @@ class AuditEventSerializer(serializers.ModelSerializer):
         read_only_fields = fields
 
 
-class CsvRenderer(BaseRenderer):
-    """Declares `?format=csv` to content negotiation; the view streams the body itself."""
-
-    media_type = "text/csv"
-    format = "csv"
-
-    def render(self, data, accepted_media_type=None, renderer_context=None):
-        return json.dumps(data).encode() if data is not None else b""
+def csv_value(value) -> str | None:
+    """A before/after snapshot as the JSON text of one cell (None: empty)."""
+    return None if value is None else json.dumps(value, sort_keys=True)
 
 
-class _Echo:
-    def write(self, value):
-        return value
-
-
-def csv_cell(value):
-    return "" if value is None else json.dumps(value, sort_keys=True)
-
-
-def csv_rows(queryset):
-    writer = csv.writer(_Echo())
-    yield writer.writerow(CSV_COLUMNS)
-    for event in queryset.iterator(chunk_size=500):
-        yield writer.writerow([
-            event.at.isoformat(), event.actor_name, event.source, event.action, event.object_type,
-            event.object_id, event.object_repr, csv_cell(event.before), csv_cell(event.after), event.comment,
-        ])
+def csv_chunks(queryset):
+    for chunk in chunked(queryset.iterator(chunk_size=CSV_CHUNK_ROWS), CSV_CHUNK_ROWS):
+        yield [
+            [event.at.isoformat(), event.actor_name, event.source, event.action, event.object_type, event.object_id,
+             event.object_repr, csv_value(event.before), csv_value(event.after), event.comment]
+            for event in chunk
+        ]
 
 
 class AuditEventViewSet(CachedListMixin, viewsets.ReadOnlyModelViewSet):
@@ -134,7 +121,5 @@ class AuditEventViewSet(CachedListMixin, viewsets.ReadOnlyModelViewSet):
     def list(self, request, *args, **kwargs):
         if getattr(request.accepted_renderer, "format", None) == "csv":
             queryset = self.filter_queryset(self.get_queryset())
-            response = StreamingHttpResponse(csv_rows(queryset), content_type="text/csv; charset=utf-8")
-            response["Content-Disposition"] = f'attachment; filename="audit-{timezone.localdate()}.csv"'
-            return response
+            return csv_response(f"audit-{timezone.localdate()}.csv", CSV_COLUMNS, csv_chunks(queryset))
         return super().list(request, *args, **kwargs)

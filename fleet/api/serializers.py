@@ -10,7 +10,7 @@ from drf_spectacular.extensions import OpenApiSerializerExtension
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from fleet import services
+from fleet import queries, services
 from fleet.models import Artist, Gpu, GpuModel, Host, Vgpu, VgpuProfile, VirtualMachine
 from telemetry.queries import latest_gpu_samples
 
@@ -86,7 +86,8 @@ class GpuSerializer(serializers.ModelSerializer):
 
 class GpuDetailSerializer(GpuSerializer):
     latest = serializers.SerializerMethodField(
-        help_text="Newest telemetry sample of this GPU, or null when none was collected yet",
+        help_text="Newest telemetry sample of this GPU, or null when none was collected yet. Also null for an "
+                  "artist where other workstations share the GPU: its readings would show their usage",
     )
 
     class Meta(GpuSerializer.Meta):
@@ -94,7 +95,11 @@ class GpuDetailSerializer(GpuSerializer):
 
     @extend_schema_field(GpuSampleSerializer(allow_null=True))
     def get_latest(self, gpu: Gpu) -> dict | None:
-        """The GPU's newest sample however old (the detail shows when it was taken), or None."""
+        """The GPU's newest sample however old (the detail shows when it was taken), or None (also
+        where the caller may not read this GPU's readings: `queries.gpu_telemetry_visible`)."""
+        request = self.context.get("request")
+        if request is None or not queries.may_read_gpu_telemetry(request.user, gpu.pk):
+            return None
         sample = latest_gpu_samples([gpu.pk]).get(gpu.pk)
         return GpuSampleSerializer(sample).data if sample else None
 

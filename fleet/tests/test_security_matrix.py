@@ -13,7 +13,8 @@ back savepoint, so every role meets the same fleet.
 
 Statuses: an int, LOGIN (302 to /login/?next=<the URL>), ADMIN_LOGIN (302 to the admin's
 login), or a path for another redirect. An artist's response never carries the other
-artist's names, VM or request text, whatever its status.
+artist's names, VM or request text, whatever its status; nor, for Ana, the name of Cleo's VM or
+the readings of the GPU she shares with it (a GPU's readings are every tenant's usage together).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -34,12 +35,14 @@ from django.urls import URLPattern, URLResolver, get_resolver
 from django.utils import timezone
 
 from fleet import requests as request_service
+from fleet import services
 from fleet.api_tokens import issue_token
 from fleet.models import AuditEvent, Notification
-from fleet.tests.factories import UserFactory, profile
+from fleet.tests.factories import ArtistFactory, GpuFactory, UserFactory, VirtualMachineFactory, profile
 from sizing import optimizer_runs, tasks
 from sizing.models import Suggestion, SuggestionAction, WorkflowPreset
-from telemetry.models import Agent, AgentKind
+from telemetry.aggregation import bucket_floor
+from telemetry.models import Agent, AgentKind, GpuRollup, GpuSample
 from telemetry.tests.ingest_world import SHARED_CAPTURES
 
 pytestmark = pytest.mark.django_db
@@ -48,8 +51,12 @@ ROLES = ("anonymous", "artist", "other_artist", "admin", "automation", "agent")
 LAN_ADDR = "10.20.30.40"
 LOGIN = "login"
 ADMIN_LOGIN = "admin-login"
-# What each artist may never see of the other (names, VM, request reason, notification text).
-PRIVATE = {"artist": ("ws-bob", "Bob Artist"), "other_artist": ("ws-ana", "Ana Artist", "ana-reason", "for Ana")}
+#: The readings of the GPU Ana shares with Cleo (utilization %, and x100 its frame buffer in MiB).
+SHARED_READING = 93.75
+# What each artist may never see of the other (names, VM, request reason, notification text), and
+# Ana nothing of the co-tenant of her shared GPU, its name or the GPU's readings.
+PRIVATE = {"artist": ("ws-bob", "Bob Artist", "ws-cleo", str(SHARED_READING), str(SHARED_READING * 100)),
+           "other_artist": ("ws-ana", "Ana Artist", "ana-reason", "for Ana")}
 
 W = Any  # the world namespace
 
@@ -62,8 +69,21 @@ def world(fleet_world, admin_user):
 def security_world(fleet_world, admin_user) -> W:
     """fleet_world (Ana and Bob, a VM each on their own host) plus one of every object a URL
     names: Ana's pending request and notification, a suggestion for her VM, a finished
-    optimizer run, an audit event, a workflow preset, and a push agent on Ana's host."""
+    optimizer run, an audit event, a workflow preset, and a push agent on Ana's host; and a
+    second GPU on Ana's host that her second VM shares with Cleo's (an artist with no role
+    here), with a reading and a rollup of the last minutes."""
     w = fleet_world
+    w.gpu_shared = GpuFactory(host=w.host_a, pci_bus_id="00000000:5E:00.0")
+    services.place_vgpu(VirtualMachineFactory(name="ws-ana-2", artist=w.ana), w.gpu_shared, w.profile_12q)
+    services.place_vgpu(VirtualMachineFactory(name="ws-cleo", artist=ArtistFactory(name="Cleo Artist")),
+                        w.gpu_shared, w.profile_12q)
+    recent = timezone.now() - timedelta(minutes=10)
+    GpuSample.objects.create(gpu=w.gpu_shared, ts=recent, util_gpu=SHARED_READING, fb_used_mib=SHARED_READING * 100)
+    for step in (300, 3600):  # what the heatmap's time columns and its hour-of-week fold read
+        GpuRollup.objects.create(gpu=w.gpu_shared, step_s=step, bucket=bucket_floor(recent, step), samples=30,
+                                 util_gpu_avg=SHARED_READING, util_gpu_max=SHARED_READING,
+                                 util_gpu_p95=SHARED_READING, fb_used_mib_avg=SHARED_READING * 100,
+                                 fb_used_mib_max=SHARED_READING * 100, fb_used_mib_p95=SHARED_READING * 100)
     w.admin = admin_user
     w.bot = UserFactory(username="ci-bot", is_staff=True)
     w.request = request_service.file_request(w.vm_a, w.ana.user, profile("RTX6000-24Q"), 1, "ana-reason: bigger scenes")
@@ -292,11 +312,19 @@ ROWS = [
     Row("api/v1/agents/{pk}/rotate-token/", lambda w: f"/api/v1/agents/{w.agent.pk}/rotate-token/",
         API_ADMIN_POST_ONLY, Unsafe("post", (401, 403, 403, 200, 200, 401))),
     Row("api/v1/gpus/{pk}/metrics/", lambda w: f"/api/v1/gpus/{w.gpu_a.pk}/metrics/?{_range()}", API_OWN),
+    # A GPU Ana shares with Cleo's VM: she sees the GPU (capacity), never its readings.
+    Row("api/v1/gpus/{pk}/metrics/", lambda w: f"/api/v1/gpus/{w.gpu_shared.pk}/metrics/?{_range()}",
+        (401, 403, 404, 200, 200, 401), name="api/v1/gpus/{pk}/metrics/ shared"),
+    Row("api/v1/gpus/{pk}/", lambda w: f"/api/v1/gpus/{w.gpu_shared.pk}/", API_OWN, name="api/v1/gpus/{pk}/ shared"),
     Row("api/v1/vms/{pk}/metrics/", lambda w: f"/api/v1/vms/{w.vm_a.pk}/metrics/?{_range()}", API_OWN),
     # Agent tokens open this URL and nothing else; user sessions and tokens do not open it.
     Row("api/v1/ingest/nvidia-smi/", lambda w: "/api/v1/ingest/nvidia-smi/", (401, 401, 401, 401, 401, 405),
         Unsafe("post", (401, 401, 401, 401, 401, 201), _push_body, "application/xml")),
     Row("api/v1/heatmap/", lambda w: f"/api/v1/heatmap/?metric=util_gpu&{_range()}", API_SIGNED_IN),
+    Row("api/v1/heatmap/", lambda w: f"/api/v1/heatmap/?group=host&metric=fb_used_mib&{_range()}", API_SIGNED_IN,
+        name="api/v1/heatmap/ hosts"),
+    Row("api/v1/heatmap/", lambda w: f"/api/v1/heatmap/?group=host&fold=hour_of_week&{_range()}", API_SIGNED_IN,
+        name="api/v1/heatmap/ host-week"),
     Row("api/v1/sizing/plan/", lambda w: "/api/v1/sizing/plan/", API_ADMIN_POST_ONLY,
         Unsafe("post", API_WRITE_ADMINS, lambda w: {})),
     # API: sizing

@@ -12,6 +12,7 @@ from urllib.parse import parse_qs, urlsplit
 
 import pytest
 from django.db import connection
+from django.test import Client
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
@@ -396,6 +397,33 @@ def test_artist_sees_their_own_vm_without_fleet_links(artist_client, world):
     assert "agent-r01" not in charts(body)[0]["data-empty-hint"]
     assert "Bob Builder" not in body
     assert "ws-bob" not in body
+
+
+def test_artist_pages_chart_their_vgpu_and_show_nothing_of_the_gpu_they_share(artist_client, admin_user, world):
+    """gpu_1 carries ws-ana and Bob's ws-bob: its readings (42% busy, 15000 MiB, 61 °C, 180 W) are
+    both VMs' usage together. Ana's pages chart her VM's own series and show none of them; the
+    admin's GPU page still does."""
+    shared_figures = ("42% busy", "15000 MiB", "61 °C", "180 W", "3000 MiB")
+    staff_client = Client()  # the `client` fixture is Ana's here
+    staff_client.force_login(admin_user)
+    gpu_page = page(staff_client, f"/gpus/{world.gpu_1.pk}/")
+    assert all(figure in gpu_page for figure in shared_figures)
+    assert urlsplit(charts(gpu_page)[0]["data-series-url"]).path == f"/api/v1/gpus/{world.gpu_1.pk}/metrics/"
+
+    own_series = f"/api/v1/vms/{world.vm_ana.pk}/metrics/"
+    for url in (f"/vms/{world.vm_ana.pk}/", f"/artists/{world.ana.pk}/", "/me/"):
+        body = page(artist_client, url)
+        for figure in shared_figures:
+            assert figure not in body, f"{url} shows {figure!r} of the shared GPU"
+        assert "/api/v1/gpus/" not in body
+        for chart in charts(body):
+            assert urlsplit(chart["data-series-url"]).path == own_series
+            series = artist_client.get(chart["data-series-url"])
+            assert series.status_code == 200
+            assert any(v is not None for v in series.json()["series"]["fb_used_mib"]["max"])
+    assert charts(page(artist_client, f"/vms/{world.vm_ana.pk}/")), "her VM page charts her vGPU"
+    # The series behind the admin's charts stays closed to her.
+    assert artist_client.get(charts(gpu_page)[0]["data-series-url"]).status_code == 403
 
 
 def test_artist_sees_their_own_artist_page(artist_client, world):

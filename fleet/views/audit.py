@@ -22,9 +22,17 @@ DETAIL_PAGES = {"host": "fleet:host-detail", "gpu": "fleet:gpu-detail", "vm": "f
                 "artist": "fleet:artist-detail"}
 
 
-def diff(before: dict | None, after: dict | None) -> list[dict]:
+def _fields(snapshot) -> dict:
+    """A snapshot as fields: `audit.snapshot` writes objects; anything else stored (a bare value
+    written by a script or an older release) shows as one field rather than breaking the page."""
+    if snapshot is None:
+        return {}
+    return snapshot if isinstance(snapshot, dict) else {"value": snapshot}
+
+
+def diff(before, after) -> list[dict]:
     """One row per field: its old and new value and whether it changed."""
-    before, after = before or {}, after or {}
+    before, after = _fields(before), _fields(after)
     return [{"field": name, "before": before.get(name, ""), "after": after.get(name, ""),
              "changed": before.get(name) != after.get(name)}
             for name in sorted(set(before) | set(after))]

@@ -12,10 +12,8 @@ row.
 
 from __future__ import annotations
 
-import csv
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from itertools import islice
 from typing import Any
 
 from django import forms
@@ -27,6 +25,7 @@ from django.utils import timezone
 from django.utils.cache import patch_vary_headers
 from django.views import View
 
+from config.csv_export import chunked, csv_response
 from fleet.views.access import StaffRequiredMixin
 
 PAGE_SIZE = 50
@@ -34,8 +33,6 @@ PAGE_SIZE = 50
 CSV_CHUNK_ROWS = 500
 #: Parameters that steer the page rather than filter its rows.
 CONTROL_PARAMS = ("page", "ordering", "format")
-#: A spreadsheet runs a cell starting with one of these as a formula (CSV injection).
-FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
 
 
 @dataclass(frozen=True)
@@ -83,23 +80,6 @@ def url_with(path: str, params: QueryDict, drop: Iterable[str] = (), **values: s
     return f"{path}?{encoded}" if encoded else path
 
 
-def csv_cell(value: Any) -> Any:
-    """A value as a CSV cell: None is empty; text that a spreadsheet would run as a formula gets
-    a leading apostrophe (OWASP's advice), so a VM named `=HYPERLINK(...)` stays text. Numbers
-    are left alone: a negative clock skew is a number, not a formula."""
-    if value is None:
-        return ""
-    if isinstance(value, str) and value.startswith(FORMULA_STARTS):
-        return "'" + value
-    return value
-
-
-def chunked(rows: Iterable, size: int) -> Iterator[list]:
-    iterator = iter(rows)
-    while chunk := list(islice(iterator, size)):
-        yield chunk
-
-
 def _any_choice(form: forms.Form) -> None:
     """Let the empty choice of each select read "Any" (not "---------" or "Unknown") and leave
     its parameter out of the URL: the API's filters are unchanged, only their page form reads better."""
@@ -111,13 +91,6 @@ def _any_choice(form: forms.Form) -> None:
                 field.widget.choices = list(field.choices)
         if isinstance(field.widget, forms.NullBooleanSelect):
             field.widget.choices = [("", "Any"), ("true", "Yes"), ("false", "No")]
-
-
-class _Echo:
-    """A file-like object whose write() returns the line, so csv.writer can feed a stream."""
-
-    def write(self, value: str) -> str:
-        return value
 
 
 class FilteredListView(StaffRequiredMixin, View):
@@ -234,16 +207,12 @@ class FilteredListView(StaffRequiredMixin, View):
     # CSV -----------------------------------------------------------------------------------
 
     def csv_response(self, queryset: QuerySet) -> StreamingHttpResponse:
-        """Every filtered row (not one page) as CSV, streamed a chunk of rows at a time."""
-        response = StreamingHttpResponse(self._csv_lines(queryset), content_type="text/csv; charset=utf-8")
-        response["Content-Disposition"] = f'attachment; filename="{self.csv_name}-{timezone.now():%Y-%m-%d}.csv"'
-        return response
+        """Every filtered row (not one page) as CSV, streamed a chunk of rows at a time, each cell
+        made safe for a spreadsheet by `config.csv_export`."""
+        return csv_response(f"{self.csv_name}-{timezone.now():%Y-%m-%d}.csv",
+                            [column.header for column in self.csv_columns], self._csv_chunks(queryset))
 
-    def _csv_lines(self, queryset: QuerySet) -> Iterator[str]:
-        writer = csv.writer(_Echo())
-        yield writer.writerow([column.header for column in self.csv_columns])
+    def _csv_chunks(self, queryset: QuerySet) -> Iterator[list[list[Any]]]:
         for chunk in chunked(queryset.iterator(chunk_size=CSV_CHUNK_ROWS), CSV_CHUNK_ROWS):
             self.decorate(chunk)
-            yield "".join(
-                writer.writerow([csv_cell(column.value(row)) for column in self.csv_columns]) for row in chunk
-            )
+            yield [[column.value(row) for column in self.csv_columns] for row in chunk]

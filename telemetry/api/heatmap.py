@@ -5,7 +5,8 @@ them at once) and hands a `telemetry.heatmap.HeatmapQuery` to `build_heatmap`, w
 rollups. `start` and `end` are parsed and bounded as in `gpus/{id}/metrics/`; the default step
 aims at a few hundred columns (a heatmap cell needs pixels) instead of the metrics API's 720
 points. Scoping is `fleet.queries`': an artist's rows are their own VMs, the GPUs carrying them
-and those hosts; anonymous callers get 401.
+on which no one else is placed (`gpu_telemetry_visible`) and the hosts of those GPUs; anonymous
+callers get 401.
 """
 
 from __future__ import annotations
@@ -241,8 +242,9 @@ class HeatmapView(APIView):
             "(5-minute below a step of an hour, else hourly). Every GPU, VM or host in scope is a row, with "
             "null cells where nothing was collected; VMs are those holding a vGPU now or with data in the "
             "range. A cell merging several rollups takes their sample-weighted avg, highest max, or highest "
-            "p95 (an upper bound of the true p95). An artist sees their own VMs, the GPUs carrying them and "
-            "those hosts (combining only those GPUs)."
+            "p95 (an upper bound of the true p95). An artist sees their own VMs, the GPUs carrying them on which "
+            "no one else is placed (a shared GPU's readings would show the others' usage) and the hosts of "
+            "those GPUs (combining only those GPUs)."
         ),
         parameters=_PARAMETERS,
         responses={200: HeatmapSerializer,

@@ -12,8 +12,10 @@ gaps as gaps. When `step` is wider than the rollups read, each point merges seve
 buckets as `telemetry.aggregation` defines: sample-weighted avg, max of maxes, max of p95s (an
 upper bound of the true p95).
 
-Who sees what is `fleet.queries`' scoping: an artist reads their own VMs and the GPUs carrying
-them; anything else is 404; anonymous callers get 401.
+Who sees what is `fleet.queries`' scoping: an artist reads their own VMs, and the series of a
+GPU carrying them only where no one else is placed on it (`gpu_telemetry_visible`: a shared
+GPU's readings include the co-tenants' usage), else 403 naming their VM's series instead; a GPU
+or VM they may not see at all is 404; anonymous callers get 401.
 """
 
 from __future__ import annotations
@@ -29,12 +31,12 @@ from django.utils.dateparse import parse_date, parse_datetime
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import serializers
-from rest_framework.exceptions import ValidationError
+from rest_framework.exceptions import PermissionDenied, ValidationError
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from fleet.queries import visible_gpus, visible_vms
+from fleet.queries import may_read_gpu_telemetry, visible_gpus, visible_vms
 from telemetry.aggregation import EPOCH, bucket_floor, max_or_none, weighted_mean
 from telemetry.models import GpuRollup, VmRollup
 
@@ -302,9 +304,13 @@ _DESCRIPTION = (
     "is listed, with null where no data was collected. A `step` wider than the rollups read merges them: "
     "sample-weighted avg, highest max, highest p95 (an upper bound of the true p95). p95 is nearest-rank: "
     "a reading that was really taken, with at least 95% of the readings at or below it. Each metric lists "
-    "only the statistics it has (see the schema). An artist may read the GPUs carrying their VMs; other "
-    "GPUs are 404."
+    "only the statistics it has (see the schema). An artist may read a GPU carrying their VMs only where "
+    "no one else is placed on it (403 otherwise: their own share is their VM's series); other GPUs are 404."
 )
+
+#: The 403 of an artist asking for a GPU they share: where their own share is.
+SHARED_GPU = ("Other workstations are placed on this GPU, so its readings would show their usage. Your own "
+              "share of it is your VM's series: /api/v1/vms/{id}/metrics/.")
 
 _BAD_REQUEST = OpenApiResponse(MetricsErrorSerializer, description="A missing, invalid or unbounded parameter")
 
@@ -350,7 +356,10 @@ class GpuMetricsView(_MetricsView):
     capacity_column = "fb_total_mib"
 
     def get_entity(self, request, pk):
-        return get_object_or_404(visible_gpus(request.user).select_related("gpu_model"), pk=pk)
+        gpu = get_object_or_404(visible_gpus(request.user).select_related("gpu_model"), pk=pk)
+        if not may_read_gpu_telemetry(request.user, gpu.pk):
+            raise PermissionDenied(SHARED_GPU)
+        return gpu
 
     def capacity_fallback(self, entity) -> float | None:
         # Rollups of GPUs that report no total frame buffer: the model's catalog figure.
@@ -361,7 +370,8 @@ class GpuMetricsView(_MetricsView):
         summary="GPU time series",
         description=_DESCRIPTION,
         parameters=_parameters(GPU_METRICS, "GPU"),
-        responses={200: GpuMetricsSerializer, 400: _BAD_REQUEST},
+        responses={200: GpuMetricsSerializer, 400: _BAD_REQUEST,
+                   403: OpenApiResponse(description="An artist's GPU that other workstations share")},
     )
     def get(self, request: Request, pk: int) -> Response:
         return super().get(request, pk)

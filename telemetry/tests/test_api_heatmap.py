@@ -295,13 +295,13 @@ def test_hour_of_week_of_hosts(admin_api, world):
 # Scoping -----------------------------------------------------------------------------------
 
 
-def test_artist_sees_own_vms_the_gpus_carrying_them_and_those_hosts(artist_api, world):
+def test_artist_sees_own_vms_the_gpus_only_they_use_and_those_hosts(artist_api, world):
     gpu_rollups(world.gpu_1, [(30, 20.0, 50.0, 45.0)])
     gpu_rollups(world.gpu_idle, [(30, 99.0, 99.0, 99.0)])
     vm_rollups(world.vm_bob, [1024.0])
 
     assert heatmap(artist_api, group="vm")["y"] == ["ws-ana"]
-    assert heatmap(artist_api)["ids"] == [world.gpu_1.pk, world.gpu_2.pk]
+    assert heatmap(artist_api)["ids"] == [world.gpu_1.pk]  # gpu_2 carries Bob's VM too
     hosts = heatmap(artist_api, group="host")
     assert hosts["y"] == ["render-01"]
     assert hosts["z"][0][0] == 20.0
@@ -319,7 +319,51 @@ def test_artist_host_rows_combine_only_the_gpus_they_may_see(artist_api, world):
     body = heatmap(artist_api, group="host")
 
     assert body["z"][0][0] == 20.0
-    assert body["rows"][0]["subtitle"] == "2 GPUs"
+    assert body["rows"][0]["subtitle"] == "1 GPU"
+
+
+SHARED_READING = 77.0  # gpu_2's figure: ws-ana's and Bob's ws-bob's usage together
+
+
+@pytest.mark.parametrize("params", [
+    {"group": "gpu"}, {"group": "gpu", "stat": "max", "sort": "peak"}, {"group": "gpu", "metric": "fb_used_pct"},
+    {"group": "host"}, {"group": "host", "stat": "p95"}, {"group": "host", "metric": "fb_used_mib"},
+    {"group": "gpu", "host": "render-01"}, {"group": "host", "host": "render-01"},
+    {"group": "host", "fold": "hour_of_week", "step": "3600"},
+], ids=lambda params: "-".join(params.values()))
+def test_no_row_or_cell_of_an_artist_carries_a_gpu_shared_with_another_artist(artist_api, admin_api, world, params):
+    gpu_rollups(world.gpu_1, [(30, 20.0, 20.0, 20.0)] * 12)
+    gpu_rollups(world.gpu_2, [(30, SHARED_READING, SHARED_READING, SHARED_READING)] * 12)
+    gpu_rollups(world.gpu_1, [(30, 20.0, 20.0, 20.0)], step_s=3600)
+    gpu_rollups(world.gpu_2, [(30, SHARED_READING, SHARED_READING, SHARED_READING)], step_s=3600)
+    if "host" in params:
+        params = {**params, "host": world.host.pk}
+
+    body = heatmap(artist_api, **params)
+    staff = heatmap(admin_api, **params)
+
+    # Every cell is gpu_1's own figure (20% busy, 2000 MiB used), never one mixed with gpu_2's.
+    own = {"util_gpu": 20.0, "fb_used_mib": 2000.0, "fb_used_pct": 2000.0 * 100 / L40S_FB_MIB}[params.get(
+        "metric", "util_gpu")]
+    cells = [v for row in body["z"] for v in row if v is not None]
+    assert cells
+    assert cells == pytest.approx([own] * len(cells))
+    assert [figure for row in body["rows"] for figure in (row["peak"], row["mean"])] == pytest.approx([own, own])
+    if params["group"] == "gpu":
+        assert body["ids"] == [world.gpu_1.pk]
+    assert max(v for row in staff["z"] for v in row if v is not None) > own, "admins still see gpu_2"
+
+
+def test_an_artist_sharing_every_gpu_has_no_gpu_or_host_rows(artist_api, world):
+    """Ana's second vGPU leaves gpu_1: she is then only on gpu_2, which Bob shares."""
+    gpu_rollups(world.gpu_2, [(30, SHARED_READING, SHARED_READING, SHARED_READING)])
+    services.remove_vgpu(world.vm_ana.vgpus.get(gpu=world.gpu_1))
+
+    assert heatmap(artist_api, group="gpu")["rows"] == []
+    assert heatmap(artist_api, group="host")["rows"] == []
+    assert heatmap(artist_api, group="host", host=world.host.pk)["z"] == []
+    assert heatmap(artist_api, group="host", fold="hour_of_week")["y"] == []
+    assert heatmap(artist_api, group="vm")["y"] == ["ws-ana"]  # her own series stays
 
 
 def test_anonymous_gets_401(api, world):

@@ -1,10 +1,14 @@
 """`gpus/{id}/metrics/` and `vms/{id}/metrics/`: series from the rollups, bounded ranges,
-parameter errors that name the parameter, role scoping; and `latest` on the GPU detail."""
+parameter errors that name the parameter, role scoping (an artist never reads a GPU shared with
+anyone else); and `latest` on the GPU detail."""
 
 from datetime import timedelta
 
 import pytest
 
+from fleet import services
+from fleet.models import Vgpu
+from fleet.tests.factories import VirtualMachineFactory
 from telemetry.models import GpuRollup, VmRollup
 from telemetry.rollups import build_rollups
 from telemetry.tests.rollup_world import T0, at, gpu_samples, studio, vgpu_samples
@@ -202,12 +206,46 @@ RANGE = {"start": "2026-03-02T10:00:00Z", "end": "2026-03-02T11:00:00Z"}
 
 def test_artist_reads_own_vm_and_the_gpus_carrying_it_only(artist_api, world):
     assert get(artist_api, vm_url(world.vm_ana), **RANGE).status_code == 200
-    assert get(artist_api, gpu_url(world.gpu_1), **RANGE).status_code == 200
-    assert get(artist_api, gpu_url(world.gpu_2), **RANGE).status_code == 200  # shared with Bob's VM
+    assert get(artist_api, gpu_url(world.gpu_1), **RANGE).status_code == 200  # ws-ana alone on it
     assert get(artist_api, vm_url(world.vm_bob), **RANGE).status_code == 404
     assert get(artist_api, gpu_url(world.gpu_idle), **RANGE).status_code == 404
     # Out of scope is 404 before any parameter is looked at: nothing to learn from a 400.
     assert artist_api.get(vm_url(world.vm_bob)).status_code == 404
+
+
+def test_artist_cannot_read_the_series_of_a_gpu_shared_with_another_artist(artist_api, admin_api, world):
+    """gpu_2 carries ws-ana and Bob's ws-bob: its readings are both VMs' usage together, so Ana
+    (who knows her own share from her VM's series) would read Bob's usage off it."""
+    five_minute_rollups(world.gpu_2, [(30, 87.0, 91.0, 90.0)])
+
+    response = get(artist_api, gpu_url(world.gpu_2), **RANGE)
+
+    assert response.status_code == 403
+    assert "/api/v1/vms/{id}/metrics/" in response.json()["detail"]
+    assert b"87" not in response.content
+    assert b"91" not in response.content
+    for metric in ("util_gpu", "fb_used_pct", "power_w"):  # no metric and no parameter opens it
+        assert get(artist_api, gpu_url(world.gpu_2), metric=metric, step=3600, **RANGE).status_code == 403
+    assert get(admin_api, gpu_url(world.gpu_2), **RANGE).json()["series"]["util_gpu"]["avg"][0] == 87.0
+
+
+def test_artist_alone_on_a_gpu_reads_its_series(artist_api, world):
+    five_minute_rollups(world.gpu_1, [(30, 35.0, 50.0, 48.0)])
+
+    body = get(artist_api, gpu_url(world.gpu_1), step=300, metric="util_gpu", **RANGE).json()
+
+    assert body["series"]["util_gpu"]["avg"][:2] == [35.0, None]
+
+
+def test_a_vm_without_an_artist_or_removed_from_the_gpu_decides_as_it_is_now(artist_api, world):
+    """A co-tenant without an artist is still someone else; once Bob's vGPU leaves gpu_2, Ana is
+    alone on it and reads it."""
+    five_minute_rollups(world.gpu_1, [(30, 35.0, 50.0, 48.0)])
+    services.place_vgpu(VirtualMachineFactory(name="ws-spare", artist=None), world.gpu_1, world.q12)
+    assert get(artist_api, gpu_url(world.gpu_1), **RANGE).status_code == 403
+
+    services.remove_vgpu(Vgpu.objects.get(vm=world.vm_bob))
+    assert get(artist_api, gpu_url(world.gpu_2), **RANGE).status_code == 200
 
 
 def test_admin_reads_everything_and_anonymous_gets_401(admin_api, api, world):
@@ -235,6 +273,9 @@ def test_gpu_detail_latest_is_the_newest_sample(artist_api, admin_api, world):
         "sm_clock_mhz": 2100,
     }
     assert admin_api.get(f"/api/v1/gpus/{world.gpu_idle.pk}/").json()["latest"] is None
+    # gpu_2 is shared with Bob's VM: an artist's detail of it carries no reading, an admin's does.
+    assert artist_api.get(f"/api/v1/gpus/{world.gpu_2.pk}/").json()["latest"] is None
+    assert admin_api.get(f"/api/v1/gpus/{world.gpu_2.pk}/").json()["latest"]["util_gpu"] == 99.0
     assert "latest" not in admin_api.get("/api/v1/gpus/").json()["results"][0]
 
 
@@ -245,7 +286,7 @@ def test_schema_documents_the_metrics_endpoints(admin_api, db):
     assert {p["name"]: p.get("required", False) for p in gpu["parameters"]} == {
         "id": True, "start": True, "end": True, "step": False, "metric": False,
     }
-    assert set(gpu["responses"]) == {"200", "400"}
+    assert set(gpu["responses"]) == {"200", "400", "403"}
     series = schema["components"]["schemas"]["GpuMetricSeries"]["properties"]
     assert "sm_clock_mhz" in series
     assert "temp_c" not in schema["components"]["schemas"]["VmMetricSeries"]["properties"]
