@@ -334,6 +334,10 @@ TELEMETRY_BATCH_SIZE = int(env_float("TELEMETRY_BATCH_SIZE", 50))
 TELEMETRY_POLL_CONCURRENCY = int(env_float("TELEMETRY_POLL_CONCURRENCY", TELEMETRY_BATCH_SIZE))
 TELEMETRY_MAX_RESPONSE_BYTES = int(env_float("TELEMETRY_MAX_RESPONSE_BYTES", 4 * 1024 * 1024))
 TELEMETRY_MAX_CLOCK_SKEW_S = env_float("TELEMETRY_MAX_CLOCK_SKEW_S", 300.0)
+# GPUs the inventory does not know (and so new GPU models) that one report may add: a report
+# naming more is refused whole. 16 is the most GPUs a real server carries (0: no discovery, every
+# report naming an unknown GPU is refused).
+TELEMETRY_MAX_NEW_GPUS = int(env_float("TELEMETRY_MAX_NEW_GPUS", 16))
 TELEMETRY_RETENTION_RAW_DAYS = env_float("TELEMETRY_RETENTION_RAW_DAYS", 14)
 TELEMETRY_RETENTION_5M_DAYS = env_float("TELEMETRY_RETENTION_5M_DAYS", 90)
 TELEMETRY_RETENTION_1H_DAYS = env_float("TELEMETRY_RETENTION_1H_DAYS", 730)

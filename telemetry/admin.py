@@ -52,16 +52,16 @@ class AgentAdmin(AuditedAdmin):
     """Agents are saved, deleted and given tokens through `telemetry.services`, which records
     each change in the audit log (never the token)."""
 
-    list_display = ["name", "kind", "host", "url", "enabled", "status_badge", "last_seen", "consecutive_failures",
-                    "short_error"]
+    list_display = ["name", "kind", "host", "vm", "url", "enabled", "status_badge", "last_seen",
+                    "consecutive_failures", "short_error"]
     list_filter = ["kind", "enabled"]
-    list_select_related = ["host"]
-    search_fields = ["name", "url", "host__name"]
-    autocomplete_fields = ["host"]
+    list_select_related = ["host", "vm"]
+    search_fields = ["name", "url", "host__name", "vm__name"]
+    autocomplete_fields = ["host", "vm"]
     readonly_fields = ["status_badge", "last_seen", "last_attempt", "last_error", "last_error_at",
                        "consecutive_failures", "clock_skew_s", "created_at"]
     fieldsets = [
-        (None, {"fields": ["name", "kind", "url", "host", "enabled", "timeout_s"]}),
+        (None, {"fields": ["name", "kind", "url", "host", "vm", "enabled", "timeout_s"]}),
         ("Collection", {"fields": ["status_badge", "last_seen", "last_attempt", "clock_skew_s",
                                    "consecutive_failures", "last_error", "last_error_at", "created_at"]}),
     ]

@@ -11,31 +11,49 @@ and the nvidia-smi push API both call it with validated `Report`s. Rules, and wh
   retried task, an overlapping beat run, a re-posted document) and must count once in the
   averages. With the per-entity unique keys and conflict-ignoring inserts, a repeated report
   stores nothing twice.
-- GPUs are identified by UUID only. A GPU that the inventory places on another host than the
-  reporting one gets a `gpu_elsewhere` drift; its samples are still stored (it is the same
-  GPU), and the inventory is not changed: it stays the admin's word.
-- Discovery: an unknown UUID is added to the reporting host, which is the agent's host, else
-  the inventory host named like the report's hostname (case-insensitive, or its first DNS
-  label), else a new host of that name with placeholder capacity (PLACEHOLDER_CPU_THREADS,
-  PLACEHOLDER_RAM_GIB: small enough that no VM can be placed on it until an admin enters the
-  real figures, so a guess never over-commits a real server). Its GPU model is found by
-  product name without "NVIDIA "/"GRID " prefixes, or created with the reported frame buffer
-  and no vGPU profiles. An inventory GPU at the same host and PCI bus id without a UUID is the
-  same board: it gets the UUID. Every discovery opens an `unknown_gpu` drift, which stays open
+- Scope: a report lands only where its agent's token may write (`Agent.host`, `Agent.vm`), so
+  a token handed to one host or one VM can never write another's series. Readings outside
+  the scope are dropped, the rest of the report is stored, and each dropped part opens a drift
+  row naming the agent (`IngestStats.out_of_scope` counts them). An agent bound to a host
+  writes that host's GPUs (a GPU the inventory places on another host: `gpu_elsewhere`, not
+  stored, the inventory unchanged, as it stays the admin's word) and the vGPUs of the VMs
+  placed on that host's GPUs (a VM placed elsewhere: `out_of_scope`; a VM placed nowhere:
+  `vgpu_missing`, not stored). An agent bound to a VM (in-guest pushes) writes that VM's vGPU
+  readings only: physical GPUs and any other VM are `out_of_scope`, and it discovers nothing.
+- Agents bound to nothing: only their first report (never seen before) is admitted, and only
+  if it introduces a host the inventory does not have (no host named like the report's
+  hostname, case-insensitive, or its first DNS label) with at least one GPU to discover. That
+  host is created with placeholder capacity (PLACEHOLDER_CPU_THREADS, PLACEHOLDER_RAM_GIB:
+  small enough that no VM can be placed on it until an admin enters the real figures, so a
+  guess never over-commits a real server) and the agent is bound to it, in the audit log as
+  the agent's doing. Any other report of an unbound agent is refused whole, in
+  `IngestStats.errors` and `IngestStats.forbidden` (the push answers 403): binding an agent
+  to a host or VM that exists is an admin's decision.
+- Bounded growth: a report naming more GPUs the inventory does not know than
+  TELEMETRY_MAX_NEW_GPUS (so more new GPU models, too) is refused whole, before anything is
+  written: no GPU, model, host or sample of it.
+- Discovery: an unknown UUID is added to the agent's host. Its GPU model is found by product
+  name without "NVIDIA "/"GRID " prefixes, or created with the reported frame buffer and no
+  vGPU profiles. An inventory GPU at the same host and PCI bus id without a UUID is the same
+  board: it gets the UUID. Every discovery opens an `unknown_gpu` drift, which stays open
   until an admin resolves it after reviewing the new rows (the GPU is known from then on, so
   no later report could show it to be over). Each row discovery creates or changes is in the
   audit log, by the agent that reported it (source "agent"), written in one statement; a batch
   that discovers nothing writes no event and costs no query for it.
 - vGPUs map to VMs by VM UUID, then by name. An unknown VM gets an `unknown_vm` drift and no
-  sample (a sample needs its VM). A known VM with no vGPU declared on that GPU gets a
-  `vgpu_missing` drift and its sample is stored without a vGPU; a type other than the
-  declared profile gets a `profile` drift. A guest VM's own reading (`Report.guest_vgpus`)
-  maps the same way and is stored against the GPU its declared vGPU sits on.
+  sample (a sample needs its VM). A VM placed on the agent's host with no vGPU declared on
+  that GPU gets a `vgpu_missing` drift and its sample is stored without a vGPU; a type other
+  than the declared profile gets a `profile` drift. A guest VM's own reading
+  (`Report.guest_vgpus`) maps the same way and is stored against the GPU its declared vGPU
+  (on the agent's host, or any for the agent bound to that VM) sits on.
 - Drift rows are upserted: one open row per kind and subject, `last_seen` bumped while the
   difference is reported. A later accepted report from the same agent that no longer shows it
-  resolves it (`resolved_at`), for every kind except `unknown_gpu` (see above).
+  resolves it (`resolved_at`), for every kind except `unknown_gpu` (see above) and
+  `out_of_scope`: a write outside the token's scope stays open until an admin has looked at
+  it, even if the agent never tries again.
 - One transaction per call, and a constant number of queries per call whatever the number of
-  agents and GPUs. On PostgreSQL (the collector's hot path, ~300 agents a second): lookups
+  agents and GPUs (a first contact adds a savepoint and two statements for the host it
+  introduces). On PostgreSQL (the collector's hot path, ~300 agents a second): lookups
   with one array parameter per key list, read as plain tuples, and samples COPied into
   session staging tables then moved with INSERT ... ON CONFLICT DO NOTHING (`_insert_staged`).
   Elsewhere: ORM lookups and inserts batched by Django, which on SQLite means one INSERT per
@@ -57,7 +75,7 @@ from datetime import UTC, datetime
 from functools import lru_cache
 
 from django.conf import settings
-from django.db import connection, transaction
+from django.db import IntegrityError, connection, transaction
 from django.db.models import Q
 from django.db.models.functions import Lower
 
@@ -66,6 +84,7 @@ from fleet.choices import AuditSource, GpuMode
 from fleet.models import Gpu, GpuModel, Host, Vgpu, VirtualMachine
 from telemetry.models import Agent, Drift, DriftKind, GpuSample, VgpuSample
 from telemetry.payload import GpuReading, Report, VgpuReading, model_key, profile_key
+from telemetry.services import agent_snapshot
 
 # The mapping asks for the key of the same few names thousands of times a batch (a regex each).
 _model_key = lru_cache(maxsize=4096)(model_key)
@@ -74,7 +93,8 @@ _profile_key = lru_cache(maxsize=4096)(profile_key)
 PLACEHOLDER_CPU_THREADS = 1
 PLACEHOLDER_RAM_GIB = 1
 
-# Kinds a later report can show to be over (unknown_gpu records a discovery: see module doc).
+# Kinds a later report can show to be over (unknown_gpu records a discovery and out_of_scope an
+# attempt to write outside the token's scope: an admin resolves those, see the module doc).
 SELF_RESOLVING = frozenset({
     DriftKind.GPU_ELSEWHERE, DriftKind.GPU_MODEL, DriftKind.UNKNOWN_VM, DriftKind.VGPU_MISSING, DriftKind.PROFILE,
 })
@@ -89,8 +109,10 @@ class IngestStats:
     """What one `store_reports` call did.
 
     `drifts`: differences found in the accepted reports (each an open Drift row now);
-    `resolved_drifts`: open rows that the reports showed to be over; `errors`: agent id ->
-    why its report was refused (nothing of it was stored), for the caller to record.
+    `resolved_drifts`: open rows that the reports showed to be over; `out_of_scope`: readings
+    dropped because they name a GPU or VM outside their agent's scope; `errors`: agent id ->
+    why its report was refused (nothing of it was stored), for the caller to record;
+    `forbidden`: those of `errors` refused for the agent's scope rather than for the report.
     """
 
     gpu_samples: int = 0
@@ -98,7 +120,9 @@ class IngestStats:
     drifts: int = 0
     discovered_gpus: int = 0
     resolved_drifts: int = 0
+    out_of_scope: int = 0
     errors: dict[int, str] = field(default_factory=dict)
+    forbidden: set[int] = field(default_factory=set)
 
 
 def sample_time(collected_at: float) -> datetime:
@@ -126,7 +150,8 @@ def store_reports(
     `received_at` (a datetime or Unix seconds; now by default) is when the reports arrived:
     stamps further from it than TELEMETRY_MAX_CLOCK_SKEW_S are refused per agent, unless
     `check_clock` is off (a back-fill of past readings, `telemetry.history`). Everything
-    accepted is written in one transaction.
+    accepted is written in one transaction. An unbound agent that its first report bound to
+    a host has that host set on the instance given, once committed.
     """
     if received_at is None:
         received_s = time.time()
@@ -143,8 +168,11 @@ def store_reports(
         else:
             accepted.append((agent, report))
     if accepted:
+        batch = _Batch(accepted, datetime.fromtimestamp(received_s, tz=UTC), stats)
         with transaction.atomic():
-            _Batch(accepted, datetime.fromtimestamp(received_s, tz=UTC), stats).run()
+            batch.run()
+        for agent, host in batch.bound.values():
+            agent.host = host
     return stats
 
 
@@ -169,6 +197,21 @@ def _parse_uuid(value: str | None) -> uuid_lib.UUID | None:
         return uuid_lib.UUID(value) if value else None
     except ValueError:
         return None
+
+
+def _missing_identity(reading: GpuReading) -> list[str]:
+    """What a GPU reading lacks to be added to the inventory (product name, PCI bus id, frame buffer)."""
+    return [label for label, value in (("product name", reading.name), ("PCI bus id", reading.pci_bus_id),
+                                       ("frame buffer size", reading.fb_total_mib)) if not value]
+
+
+def _introduced(agent: Agent, report: Report) -> str:
+    """The name of the host an unbound agent's report introduces: its hostname, else the agent's name."""
+    return (report.hostname or agent.name).strip()
+
+
+def _refusal(reason: str) -> str:
+    return f"report refused: {reason}. Nothing of it was stored."
 
 
 def _identity(report: Report, reading: GpuReading) -> dict:
@@ -196,12 +239,15 @@ class _Named:
 
 
 class _VgpuRow:
-    """The fields of a declared vGPU the mapping reads; `gpu` is the batch's Gpu when it has it."""
+    """The fields of a declared vGPU the mapping reads; `gpu` is the batch's Gpu when it has it, and
+    `host_id` its GPU's host, which decides whose agents may write the VM's series."""
 
-    __slots__ = ("pk", "vm_id", "gpu_id", "profile", "gpu")
+    __slots__ = ("pk", "vm_id", "gpu_id", "host_id", "profile", "gpu")
 
-    def __init__(self, pk: int, vm_id: int, gpu_id: int, profile_name: str, gpu: _GpuRow | _GpuRef | Gpu):
-        self.pk, self.vm_id, self.gpu_id, self.profile, self.gpu = pk, vm_id, gpu_id, _Named(profile_name), gpu
+    def __init__(self, pk: int, vm_id: int, gpu_id: int, host_id: int, profile_name: str,
+                 gpu: _GpuRow | _GpuRef | Gpu):
+        self.pk, self.vm_id, self.gpu_id, self.host_id = pk, vm_id, gpu_id, host_id
+        self.profile, self.gpu = _Named(profile_name), gpu
 
 
 class _GpuRow:
@@ -250,9 +296,15 @@ class _Batch:
         self.vgpu_samples: dict[tuple, tuple] = {}
         self.schedulers: dict[int, dict] = {}  # GPU pk -> its scheduler reading in this batch
         self.events: list = []  # audit events of the inventory rows discovery created or changed
+        self.bound: dict[int, tuple[Agent, Host]] = {}  # agent pk -> the host its first report bound it to
+        self.created_hosts: set[str] = set()
 
     def run(self) -> None:
         self._load()
+        self._admit()
+        self._bind_first_contacts()
+        if not self.items:
+            return
         self._discover()
         audit.record_many(self.events)
         for agent, report in self.items:
@@ -267,7 +319,8 @@ class _Batch:
     def _load(self) -> None:
         uuids = {gpu.uuid for _, report in self.items for gpu in report.gpus}
         host_ids = {agent.host_id for agent, _ in self.items if agent.host_id}
-        keys = set().union(*(_host_keys(report.hostname) for agent, report in self.items if not agent.host_id))
+        keys = set().union(*(_host_keys(_introduced(agent, report)) for agent, report in self.items
+                             if not agent.host_id and not agent.vm_id))
         if host_ids or keys:
             hosts = Host.objects.annotate(lname=Lower("name")).filter(Q(pk__in=host_ids) | Q(lname__in=keys))
             for host in hosts:
@@ -299,14 +352,14 @@ class _Batch:
         vm_ids = {vm.pk for vm in self.vms_by_name.values()}
         if vm_ids:
             gpus_by_id = {gpu.pk: gpu for gpu in self.gpus.values()}
-            declared = Vgpu.objects.filter(vm_id__in=vm_ids).values_list("id", "vm_id", "gpu_id", "profile__name",
-                                                                          "gpu__uuid")
-            for pk, vm_id, gpu_id, profile_name, gpu_uuid in declared:
+            declared = Vgpu.objects.filter(vm_id__in=vm_ids).values_list("id", "vm_id", "gpu_id", "gpu__host_id",
+                                                                          "profile__name", "gpu__uuid")
+            for pk, vm_id, gpu_id, host_id, profile_name, gpu_uuid in declared:
                 gpu = gpus_by_id.get(gpu_id) or _GpuRef(gpu_id, gpu_uuid)
-                self.vgpus_by_vm[vm_id].append(_VgpuRow(pk, vm_id, gpu_id, profile_name, gpu))
+                self.vgpus_by_vm[vm_id].append(_VgpuRow(pk, vm_id, gpu_id, host_id, profile_name, gpu))
 
     def _load_pg(self, uuids: set[str], vm_uuids: set[uuid_lib.UUID]) -> None:
-        """The batch's GPUs, VMs and declared vGPUs as plain rows, in three or four small queries.
+        """The batch's GPUs, VMs and declared vGPUs as plain rows, in at most four small queries.
 
         Each key list is one array parameter (Django's `__in` writes one placeholder per
         value), and the queries stay simple enough for good plans: a VM is looked up by name
@@ -340,26 +393,31 @@ class _Batch:
                     vms[pk] = self.vms_by_uuid[vm_uuid] = self.vms_by_name[name] = vm
             if not vms:
                 return
+            # The GPU's host says whose agents may write the VM's series; its UUID names a GPU this
+            # batch did not report in drifts.
             cursor.execute(
-                "SELECT v.id, v.vm_id, v.gpu_id, p.name FROM fleet_vgpu v JOIN fleet_vgpuprofile p ON p.id = "
-                "v.profile_id WHERE v.vm_id = ANY(%s::bigint[]) ORDER BY v.gpu_id, v.placement_id", [list(vms)])
+                "SELECT v.id, v.vm_id, v.gpu_id, g.host_id, p.name, g.uuid FROM fleet_vgpu v "
+                "JOIN fleet_vgpuprofile p ON p.id = v.profile_id JOIN fleet_gpu g ON g.id = v.gpu_id "
+                "WHERE v.vm_id = ANY(%s::bigint[]) ORDER BY v.gpu_id, v.placement_id", [list(vms)])
             declared = cursor.fetchall()
-            gpus_by_id: dict[int, _GpuRow | _GpuRef | Gpu] = {gpu.pk: gpu for gpu in self.gpus.values()}
-            others = {gpu_id for _, _, gpu_id, _ in declared} - gpus_by_id.keys()
-            if others:  # vGPUs declared on GPUs this batch did not report: their UUIDs name them in drifts
-                cursor.execute("SELECT id, uuid FROM fleet_gpu WHERE id = ANY(%s::bigint[])", [list(others)])
-                gpus_by_id.update((pk, _GpuRef(pk, gpu_uuid)) for pk, gpu_uuid in cursor.fetchall())
-        for pk, vm_id, gpu_id, profile_name in declared:
-            self.vgpus_by_vm[vm_id].append(_VgpuRow(pk, vm_id, gpu_id, profile_name, gpus_by_id[gpu_id]))
+        gpus_by_id: dict[int, _GpuRow | Gpu] = {gpu.pk: gpu for gpu in self.gpus.values()}
+        for pk, vm_id, gpu_id, host_id, profile_name, gpu_uuid in declared:
+            gpu = gpus_by_id.get(gpu_id) or _GpuRef(gpu_id, gpu_uuid)
+            self.vgpus_by_vm[vm_id].append(_VgpuRow(pk, vm_id, gpu_id, host_id, profile_name, gpu))
 
     def _add_host(self, host: Host) -> None:
         self.hosts_by_id[host.pk] = host
         self.hosts_by_key.setdefault(host.name.lower(), host)
 
-    def _reporting_host(self, agent: Agent, report: Report) -> Host | None:
-        if agent.host_id:
-            return self.hosts_by_id.get(agent.host_id)
-        name = report.hostname.strip().lower()
+    def _host_id(self, agent: Agent) -> int | None:
+        """The host an agent writes for: its own, or the one its first report just bound it to."""
+        if agent.pk in self.bound:
+            return self.bound[agent.pk][1].pk
+        return agent.host_id
+
+    def _known_host(self, name: str) -> Host | None:
+        """The inventory host a report's hostname names: by full name or first DNS label, any case."""
+        name = name.strip().lower()
         return self.hosts_by_key.get(name) or self.hosts_by_key.get(name.split(".", 1)[0])
 
     def _vm(self, reading: VgpuReading) -> _VmRow | None:
@@ -370,24 +428,114 @@ class _Batch:
     def drift(self, agent: Agent, kind: str, subject: str, detail: str, reported: dict) -> None:
         self.found[(kind, subject[:MAX_SUBJECT])] = (agent, detail, reported)
 
-    def _audit(self, agent: Agent, action: str, obj, before: dict | None = None) -> None:
+    def _audit(self, agent: Agent, action: str, obj, before: dict | None = None, *, after: dict | None = None,
+               comment: str = "discovered from the agent's report") -> None:
         """An inventory change by discovery, recorded as made by the agent that reported it."""
         with audit.acting_as(None, AuditSource.AGENT, agent.name):
-            self.events.append(audit.event(action, obj, before=before, after=audit.snapshot(obj),
-                                           comment="discovered from the agent's report"))
+            self.events.append(audit.event(action, obj, before=before, after=after or audit.snapshot(obj),
+                                           comment=comment))
+
+    # -- scope and growth -----------------------------------------------------------------------
+
+    def _admit(self) -> None:
+        """Refuse whole, before anything is written, the reports that would add more GPUs than
+        TELEMETRY_MAX_NEW_GPUS, and those of unbound agents that may not introduce a host."""
+        admitted = []
+        for agent, report in self.items:
+            problem = self._growth_problem(report)
+            if problem is None and not agent.host_id and not agent.vm_id:
+                problem = self._unbound_problem(agent, report)
+                if problem is not None:
+                    self.stats.forbidden.add(agent.pk)
+            if problem is None:
+                admitted.append((agent, report))
+            else:
+                self.stats.errors[agent.pk] = problem
+        self.items = admitted
+
+    def _growth_problem(self, report: Report) -> str | None:
+        limit = settings.TELEMETRY_MAX_NEW_GPUS
+        unknown = {reading.uuid for reading in report.gpus} - self.gpus.keys()
+        if len(unknown) <= limit:
+            return None
+        return _refusal(f"it names {len(unknown)} GPUs the inventory does not know, and one report may add at most "
+                        f"{limit} (TELEMETRY_MAX_NEW_GPUS); add a larger server's GPUs by hand, or raise the limit")
+
+    def _unbound_problem(self, agent: Agent, report: Report) -> str | None:
+        """Why an agent bound to no host or VM may not have this report stored, or None for a first
+        contact introducing a new host with GPUs to discover."""
+        bind = (f"an admin binds agent {agent.name} to its host (or, for pushes from inside a VM, to its VM) "
+                f"before its reports are stored")
+        if agent.last_seen is not None:
+            return _refusal(f"agent {agent.name} is bound to no host or VM, and only its first report may introduce "
+                            f"a new host; {bind}")
+        name = _introduced(agent, report)
+        known = self._known_host(name)
+        if known is not None:
+            return _refusal(f"agent {agent.name} is bound to no host, and its report is from host {known.name}, "
+                            f"which is in the inventory; {bind} (host: {known.name})")
+        if not any(reading.uuid not in self.gpus and not _missing_identity(reading) for reading in report.gpus):
+            return _refusal(f"agent {agent.name} is bound to no host or VM, and its report has no new GPU to "
+                            f"introduce host {name} by; {bind}")
+        return None
+
+    def _bind_first_contacts(self) -> None:
+        """Create the host each admitted unbound agent's first report introduces, and bind the agent to it.
+
+        One savepoint each: a host of that name created meanwhile (by another agent's first
+        contact, or an admin) or the agent bound meanwhile undoes only this agent's claim, and
+        its report is refused like any unbound agent's naming a known host.
+        """
+        kept = []
+        for agent, report in self.items:
+            if agent.host_id or agent.vm_id:
+                kept.append((agent, report))
+                continue
+            name = _introduced(agent, report)
+            host = None if self._known_host(name) else self._claim_host(agent, name)
+            if host is None:
+                self.stats.errors[agent.pk] = _refusal(
+                    f"host {name} was added to the inventory, or agent {agent.name} bound, while the agent's first "
+                    f"report was being stored; an admin binds the agent to its host")
+                self.stats.forbidden.add(agent.pk)
+                continue
+            self._add_host(host)
+            self.bound[agent.pk] = (agent, host)
+            self.created_hosts.add(host.name)
+            before = agent_snapshot(agent)
+            after = {**before, "host_id": host.pk}
+            self._audit(agent, "host.create", host)
+            self._audit(agent, "agent.update", agent, before, after=after,
+                        comment="bound to the host its first report introduced")
+            kept.append((agent, report))
+        self.items = kept
+
+    def _claim_host(self, agent: Agent, name: str) -> Host | None:
+        """A new host named `name` with `agent` bound to it, or None if the name or the agent was taken."""
+        try:
+            with transaction.atomic():
+                host = Host.objects.create(name=name, cpu_threads=PLACEHOLDER_CPU_THREADS,
+                                           ram_gib=PLACEHOLDER_RAM_GIB)
+                if not Agent.objects.filter(pk=agent.pk, host__isnull=True, vm__isnull=True).update(host=host):
+                    raise IntegrityError(f"agent {agent.pk} was bound meanwhile")
+        except IntegrityError:
+            return None
+        return host
 
     # -- discovery ----------------------------------------------------------------------------
 
     def _discover(self) -> None:
-        """Add the GPUs nobody declared (and their hosts and models) to the inventory."""
+        """Add the GPUs nobody declared (and their models) to the hosts of the agents reporting them."""
         pending: dict[str, tuple[Agent, Report, GpuReading]] = {}
+        target: dict[str, int] = {}  # GPU uuid -> id of the host it joins
         for agent, report in self.items:
+            host_id = self._host_id(agent)
+            if host_id is None:
+                continue  # bound to a VM: its physical GPUs are out of scope (see _map_guest_agent)
             for reading in report.gpus:
                 if reading.uuid in self.gpus or reading.uuid in pending:
                     continue
-                missing = [label for label, value in (("product name", reading.name),
-                                                     ("PCI bus id", reading.pci_bus_id),
-                                                     ("frame buffer size", reading.fb_total_mib)) if not value]
+                missing = _missing_identity(reading)
                 if missing:
                     self.drift(agent, DriftKind.UNKNOWN_GPU, reading.uuid,
                                f"GPU {reading.uuid} reported by {report.hostname or agent.name} is not in the "
@@ -395,30 +543,16 @@ class _Batch:
                                f"Add it by hand.", _identity(report, reading))
                     continue
                 pending[reading.uuid] = (agent, report, reading)
+                target[reading.uuid] = host_id
         if not pending:
             return
 
-        # Hosts: the reporting one, or a new one named after the report's hostname.
-        new_hosts: dict[str, Host] = {}
-        target: dict[str, str | int] = {}  # GPU uuid -> host id, or name of a host to create
-        for uuid, (agent, report, _) in pending.items():
-            host = self._reporting_host(agent, report)
-            if host is not None:
-                target[uuid] = host.pk
-            else:
-                name = (report.hostname or agent.name).strip()
-                new_hosts.setdefault(name.lower(), Host(name=name, cpu_threads=PLACEHOLDER_CPU_THREADS,
-                                                        ram_gib=PLACEHOLDER_RAM_GIB))
-                target[uuid] = new_hosts[name.lower()].name
-
         # A declared GPU at the same host and PCI bus id: the same board if it has no UUID yet.
         existing = {}
-        host_ids = {t for t in target.values() if isinstance(t, int)}
-        if host_ids:
-            pcis = {pending[uuid][2].pci_bus_id for uuid in pending}
-            for gpu in Gpu.objects.filter(host_id__in=host_ids, pci_bus_id__in=pcis).select_related("host",
-                                                                                                    "gpu_model"):
-                existing[(gpu.host_id, gpu.pci_bus_id)] = gpu
+        pcis = {pending[uuid][2].pci_bus_id for uuid in pending}
+        for gpu in Gpu.objects.filter(host_id__in=set(target.values()), pci_bus_id__in=pcis).select_related(
+                "host", "gpu_model"):
+            existing[(gpu.host_id, gpu.pci_bus_id)] = gpu
         adopted = []
         for uuid in list(pending):
             agent, report, reading = pending[uuid]
@@ -442,17 +576,6 @@ class _Batch:
         if not pending:
             return
 
-        # Hosts to create (concurrent ingests may create the same one: ignore and re-read).
-        created_hosts = set()
-        host_agent = {target[uuid]: agent for uuid, (agent, _, _) in pending.items() if isinstance(target[uuid], str)}
-        if new_hosts:
-            Host.objects.bulk_create(new_hosts.values(), ignore_conflicts=True)
-            for host in Host.objects.filter(name__in=[h.name for h in new_hosts.values()]):
-                self._add_host(host)
-                created_hosts.add(host.name)
-                if host.name in host_agent:
-                    self._audit(host_agent[host.name], "host.create", host)
-
         # Models: by product name without vendor prefixes, else a new one.
         models_by_key, codes = {}, set()
         for model in GpuModel.objects.all():
@@ -475,9 +598,7 @@ class _Batch:
 
         rows = []
         for uuid, (_, _, reading) in pending.items():
-            host_ref = target[uuid]
-            host = self.hosts_by_id.get(host_ref) if isinstance(host_ref, int) else self.hosts_by_key.get(
-                host_ref.lower())
+            host = self.hosts_by_id.get(target[uuid])
             model = models_by_key.get(model_key(reading.name))
             if host is None or model is None:
                 continue
@@ -492,13 +613,14 @@ class _Batch:
                 self.drift(agent, DriftKind.UNKNOWN_GPU, uuid,
                            f"GPU {uuid} ({reading.name}) reported by {report.hostname or agent.name} is not in the "
                            f"inventory and could not be added: the inventory changed meanwhile (another GPU took PCI "
-                           f"bus id {reading.pci_bus_id} on that host, or its host or model could not be created). "
+                           f"bus id {reading.pci_bus_id} on that host, or its host was deleted or its model could not "
+                           f"be created). "
                            f"No samples are stored for it; the next report tries again.", _identity(report, reading))
                 continue
             self.stats.discovered_gpus += 1
             self._audit(agent, "gpu.create", gpu)
             notes = []
-            if gpu.host.name in created_hosts:
+            if gpu.host.name in self.created_hosts:
                 notes.append(f"host {gpu.host.name} was created for it with placeholder capacity "
                              f"({PLACEHOLDER_CPU_THREADS} CPU thread, {PLACEHOLDER_RAM_GIB} GiB RAM, so no VM fits): "
                              f"enter its real CPU threads and RAM")
@@ -515,17 +637,24 @@ class _Batch:
 
     def _map(self, agent: Agent, report: Report) -> None:
         ts = sample_time(report.collected_at)
-        host = self._reporting_host(agent, report)
-        reporter = host.name if host else f"{report.hostname or agent.name} (not in the inventory)"
+        if agent.vm_id:
+            self._map_guest_agent(agent, report, ts)
+            return
+        host = self.hosts_by_id.get(self._host_id(agent))
         for reading in report.gpus:
             gpu = self.gpus.get(reading.uuid)
             if gpu is None:
                 continue  # not discoverable; its drift says why
             if host is None or gpu.host_id != host.pk:
+                # Its samples, its vGPUs' and its scheduler state alike: the token is not this host's.
+                self.stats.out_of_scope += 1 + len(reading.vgpus)
                 self.drift(agent, DriftKind.GPU_ELSEWHERE, gpu.uuid,
                            f"GPU {gpu.uuid} ({gpu.gpu_model.name}) is on host {gpu.host.name} in the inventory "
-                           f"but is reported by {reporter}. Samples are stored; the inventory is unchanged.",
-                           _identity(report, reading))
+                           f"but is reported by agent {agent.name} of "
+                           f"{f'host {host.name}' if host else 'no host'}. Nothing of it is stored (an agent writes "
+                           f"only its own host's series); the inventory is unchanged. If the board moved, change "
+                           f"its host.", _identity(report, reading))
+                continue
             if reading.name and _model_key(reading.name) != _model_key(gpu.gpu_model.name):
                 self.drift(agent, DriftKind.GPU_MODEL, gpu.uuid,
                            f"GPU {gpu.uuid} on {gpu.host.name} reports itself as {reading.name}; the inventory "
@@ -541,6 +670,36 @@ class _Batch:
         for vgpu_reading in report.guest_vgpus:
             self._guest_vgpu(agent, report, vgpu_reading, ts)
 
+    def _map_guest_agent(self, agent: Agent, report: Report, ts: datetime) -> None:
+        """An agent bound to a VM: that VM's own vGPU readings are stored, nothing else."""
+        if report.gpus:
+            uuids = [reading.uuid for reading in report.gpus]
+            self.stats.out_of_scope += len(uuids) + sum(len(reading.vgpus) for reading in report.gpus)
+            # One row per agent, not per GPU: the UUIDs are the sender's to choose.
+            self.drift(agent, DriftKind.OUT_OF_SCOPE, f"GPUs from {agent.name}",
+                       f"Agent {agent.name} is bound to VM {agent.vm.name}: it may write that VM's vGPU readings "
+                       f"only, never a GPU's. Its report named {len(uuids)} physical GPU(s) "
+                       f"({', '.join(uuids[:3])}{', ...' if len(uuids) > 3 else ''}); nothing of them is stored.",
+                       {"hostname": report.hostname, "uuids": uuids[:16]})
+        for reading in report.guest_vgpus:
+            vm = self._vm(reading)
+            if vm is None or vm.pk != agent.vm_id:
+                self.stats.out_of_scope += 1
+                named = f"VM {vm.name}" if vm else f"{reading.vm_name or 'no VM'} (not in the inventory)"
+                self.drift(agent, DriftKind.OUT_OF_SCOPE, f"{vm.name if vm else reading.vm_name} from {agent.name}",
+                           f"Agent {agent.name} is bound to VM {agent.vm.name}: it may write that VM's readings "
+                           f"only, but its report is for {named}; not stored.", asdict(reading))
+                continue
+            self._guest_vgpu(agent, report, reading, ts)
+
+    def _placed_elsewhere(self, agent: Agent, host_name: str, vm: _VmRow, reading: VgpuReading, where: str) -> None:
+        """Drop a vGPU reading of a VM that the inventory places on another host's GPUs."""
+        self.stats.out_of_scope += 1
+        self.drift(agent, DriftKind.OUT_OF_SCOPE, f"{vm.name} from {agent.name}",
+                   f"Agent {agent.name} of host {host_name} reports VM {vm.name} {where}, but the inventory places "
+                   f"that VM on another host (GPU {self.vgpus_by_vm[vm.pk][0].gpu.uuid}); not stored: an agent "
+                   f"writes only the series of VMs placed on its host's GPUs.", asdict(reading))
+
     def _host_vgpu(self, agent: Agent, gpu: Gpu, reading: VgpuReading, ts: datetime) -> None:
         vm = self._vm(reading)
         if vm is None:
@@ -551,6 +710,18 @@ class _Batch:
                        f"which the inventory does not know; no samples are stored for it.", asdict(reading))
             return
         subject = f"{vm.name} on {gpu.uuid}"
+        placed = self.vgpus_by_vm[vm.pk]
+        if not placed:
+            self.stats.out_of_scope += 1
+            self.drift(agent, DriftKind.VGPU_MISSING, subject,
+                       f"VM {vm.name} runs a {reading.type_name or 'vGPU'} on GPU {gpu.uuid} ({gpu.host.name}) "
+                       f"that the inventory does not declare, and the inventory places the VM on no GPU: its "
+                       f"samples are not stored until an admin places it (an agent writes only the series of VMs "
+                       f"placed on its host's GPUs).", asdict(reading))
+            return
+        if not any(v.host_id == gpu.host_id for v in placed):
+            self._placed_elsewhere(agent, gpu.host.name, vm, reading, f"on GPU {gpu.uuid}")
+            return
         declared = [v for v in self.vgpus_by_vm[vm.pk] if v.gpu_id == gpu.pk]
         if not declared:
             self.drift(agent, DriftKind.VGPU_MISSING, subject,
@@ -576,6 +747,13 @@ class _Batch:
                        f"declares no vGPU for it, so its GPU is unknown; no samples are stored for it.",
                        asdict(reading))
             return
+        if not agent.vm_id:  # the host's agent: only the VM's vGPUs on that host
+            host_id = self._host_id(agent)
+            declared = [v for v in declared if v.host_id == host_id]
+            if not declared:
+                host = self.hosts_by_id.get(host_id)
+                self._placed_elsewhere(agent, host.name if host else "(none)", vm, reading, "from inside")
+                return
         vgpu = self._declared(agent, vm, declared, reading, f"{vm.name} on {declared[0].gpu.uuid}")
         self._vgpu_sample(vm, vgpu.gpu_id, vgpu, reading, ts)
 

@@ -53,6 +53,11 @@ class Agent(models.Model):
     Its bearer token is never stored: it is derived from AGENT_TOKEN_KEY and a per-agent
     salt (`token`), so the collector can present it to the agent while a copy of the
     database alone reveals none; `token_sha256` lets ingest verify a pushed token cheaply.
+
+    Its scope is what its token may write (`telemetry.ingest`): bound to a host, the series
+    of that host's GPUs and of the VMs placed on them; bound to a VM (in-guest pushes), that
+    VM's vGPU readings only; bound to neither, nothing but a first report introducing a host
+    the inventory does not have yet, which binds it to that host.
     """
 
     name = models.CharField(max_length=100, unique=True)
@@ -64,7 +69,14 @@ class Agent(models.Model):
     )
     host = models.ForeignKey(
         Host, null=True, blank=True, on_delete=models.SET_NULL, related_name="agents",
-        help_text="Host whose GPUs this source reports; discovered GPUs attach to it",
+        help_text="Host whose GPUs this source reports; it writes only this host's series, and discovered GPUs "
+                  "attach to it. Empty: set by the agent's first report, if that names a host not in the inventory",
+    )
+    # CASCADE, not SET_NULL: a guest's token must die with its VM, never fall back to an unbound agent.
+    vm = models.ForeignKey(
+        VirtualMachine, null=True, blank=True, on_delete=models.CASCADE, related_name="agents", verbose_name="VM",
+        help_text="For pushes from inside a VM (kind nvidia-smi, no host): the one VM whose vGPU readings this "
+                  "agent may write, and nothing else",
     )
     enabled = models.BooleanField(default=True)
     timeout_s = models.FloatField("timeout, s", default=3.0)
@@ -90,6 +102,15 @@ class Agent(models.Model):
                 condition=Q(kind="nvidia-smi") | ~Q(url=""), name="agent_polled_kinds_need_url",
             ),
             models.CheckConstraint(condition=Q(timeout_s__gt=0), name="agent_timeout_positive"),
+            models.CheckConstraint(
+                condition=Q(host__isnull=True) | Q(vm__isnull=True), name="agent_bound_to_host_or_vm",
+                violation_error_message="An agent is bound to a host or to a VM, not to both.",
+            ),
+            models.CheckConstraint(
+                condition=Q(vm__isnull=True) | Q(kind="nvidia-smi"), name="agent_vm_bound_pushes",
+                violation_error_message="An agent bound to a VM pushes that VM's in-guest nvidia-smi documents: "
+                                        "its kind is nvidia-smi.",
+            ),
         ]
         indexes = [models.Index(fields=["enabled", "kind"], name="agent_enabled_kind_idx")]
 
@@ -264,11 +285,12 @@ class RollupCheckpoint(models.Model):
 
 class DriftKind(models.TextChoices):
     UNKNOWN_GPU = "unknown_gpu", "GPU reported but not in inventory (discovered)"
-    GPU_ELSEWHERE = "gpu_elsewhere", "GPU reported by another host than the inventory says"
+    GPU_ELSEWHERE = "gpu_elsewhere", "GPU reported by another host than the inventory says (not stored)"
     GPU_MODEL = "gpu_model", "GPU model differs from the inventory"
     UNKNOWN_VM = "unknown_vm", "vGPU of a VM the inventory does not know"
     VGPU_MISSING = "vgpu_missing", "vGPU running that the inventory does not declare"
     PROFILE = "profile", "vGPU type differs from the declared profile"
+    OUT_OF_SCOPE = "out_of_scope", "Reading of a VM or GPU outside the agent's host or VM (not stored)"
 
 
 class Drift(models.Model):

@@ -15,7 +15,7 @@ from fleet import audit
 from telemetry.models import Agent, Drift
 
 #: An agent's configuration as events show it (what an admin sets, nothing the collector writes).
-AGENT_FIELDS = ["name", "kind", "url", "host", "enabled", "timeout_s"]
+AGENT_FIELDS = ["name", "kind", "url", "host", "vm", "enabled", "timeout_s"]
 
 
 def agent_snapshot(agent: Agent | None) -> dict | None:

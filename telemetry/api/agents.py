@@ -5,6 +5,9 @@ its token is a credential. The bearer token is derived, never stored (`Agent.tok
 appears in exactly two responses, the one creating the agent and the one rotating its token,
 so a script that registers an agent can write the token file right away and nobody can read
 it back later. Writes go through `telemetry.services`, which records them in the audit log.
+
+`host` and `vm` bind the agent's token to what it may write (`telemetry.ingest`, "Scope"):
+a host agent to its host, an in-guest push agent (kind nvidia-smi) to its one VM, never both.
 """
 
 from __future__ import annotations
@@ -42,7 +45,7 @@ class AgentSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = Agent
-        fields = ["id", "name", "url", "kind", "host", "enabled", "timeout_s", "last_seen", "status",
+        fields = ["id", "name", "url", "kind", "host", "vm", "enabled", "timeout_s", "last_seen", "status",
                   "last_error", "last_error_at", "consecutive_failures", "scheduler_write"]
         read_only_fields = ["last_seen", "last_error", "last_error_at", "consecutive_failures", "scheduler_write"]
         extra_kwargs = {
@@ -59,6 +62,16 @@ class AgentSerializer(serializers.ModelSerializer):
                 {"url": f"An agent of kind {kind} is polled: give the URL to poll "
                         f"(http://host:9410 for the agent, http://host:9400/metrics for dcgm-exporter)."}
             )
+        host = attrs.get("host", instance.host if instance else None)
+        vm = attrs.get("vm", instance.vm if instance else None)
+        if vm is not None and host is not None:
+            raise serializers.ValidationError(
+                {"vm": "An agent is bound to a host or to a VM, not to both: leave host empty for an agent that "
+                       "pushes from inside a VM."})
+        if vm is not None and kind != AgentKind.NVIDIA_SMI:
+            raise serializers.ValidationError(
+                {"vm": f"Only nvidia-smi agents (documents pushed from inside the VM) are bound to a VM; an agent of "
+                       f"kind {kind} reports a host."})
         return attrs
 
 
@@ -104,7 +117,7 @@ class AgentViewSet(CachedListMixin, viewsets.ModelViewSet):
     ordering = ["name", "id"]
 
     def get_queryset(self) -> QuerySet:
-        return Agent.objects.select_related("host").order_by("name", "id")
+        return Agent.objects.select_related("host", "vm").order_by("name", "id")
 
     def perform_update(self, serializer) -> None:
         serializer.instance = services.save_agent(serializer.instance, **serializer.validated_data)

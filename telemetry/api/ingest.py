@@ -9,6 +9,15 @@ views accept user tokens (`Token <key>`) and sessions only, and this view accept
 tokens only; `request.user` stays anonymous, so no user permission can ever pass on an agent
 token.
 
+A token writes only within its agent's scope (`telemetry.ingest`, "Scope"): a push agent bound
+to a host stores that host's GPUs and the VMs placed on them; one bound to a VM (in-guest
+pushes, `?hostname=` defaults to that VM) stores that VM's vGPU readings only. The parts of a
+document outside the scope are dropped and recorded as drift on the agent, and the answer
+counts them (`out_of_scope`); the rest is stored. A document the agent may not send at all
+(its agent bound to nothing and the host it names already in the inventory) is refused with
+403, one naming more unknown GPUs than TELEMETRY_MAX_NEW_GPUS with 400, nothing of either
+stored.
+
 The push path does the agent bookkeeping the collector does for polled agents: success sets
 `last_seen` (and `clock_skew_s`, the document's resolved stamp minus our clock); a refused
 document (malformed, an XML bomb, too large, stamped too far off) sets `last_error` and
@@ -66,7 +75,7 @@ class AgentTokenAuthentication(BaseAuthentication):
         if len(header) != 2:
             raise exceptions.AuthenticationFailed("Invalid bearer header: expected 'Bearer <agent token>'.")
         digest = hashlib.sha256(header[1]).hexdigest()
-        agent = Agent.objects.filter(token_sha256=digest).select_related("host").first()
+        agent = Agent.objects.filter(token_sha256=digest).select_related("host", "vm").first()
         # The stored hash finds the agent; the token must also be the one derived from today's
         # AGENT_TOKEN_KEY, so changing the key revokes pushed tokens as it does polled ones.
         if agent is None or not hmac.compare_digest(header[1], agent.token.encode()):
@@ -137,6 +146,10 @@ class IngestResultSerializer(serializers.Serializer):
     vgpu_samples = serializers.IntegerField(help_text="vGPU samples stored")
     drifts = serializers.IntegerField(help_text="Differences from the inventory found (see the admin's Drift list)")
     discovered_gpus = serializers.IntegerField(help_text="GPUs added to the inventory from this document")
+    out_of_scope = serializers.IntegerField(
+        help_text="Readings not stored because they name a GPU or VM outside the agent's host (or VM); each is "
+                  "recorded as drift on the agent",
+    )
 
 
 class IngestErrorSerializer(serializers.Serializer):
@@ -162,20 +175,25 @@ class NvidiaSmiIngestView(APIView):
             "Body: the output of `nvidia-smi -q -x` (Content-Type application/xml or text/xml), e.g. "
             "`nvidia-smi -q -x | curl --fail -H \"Authorization: Bearer $TOKEN\" -H 'Content-Type: application/xml' "
             "--data-binary @- https://fleet/api/v1/ingest/nvidia-smi/`. Unknown GPUs (and their GPU model) are "
-            "added to the agent's host; differences from the inventory are recorded as drift. A document sent "
-            "twice is stored once. From inside a VM, pass `hostname` = the VM's name in the inventory."
+            "added to the agent's host, at most TELEMETRY_MAX_NEW_GPUS per document; differences from the inventory "
+            "are recorded as drift. A document sent twice is stored once. The token writes only its agent's scope: "
+            "the GPUs of its host and the VMs placed on them, or, for an agent bound to a VM (in-guest pushes), that "
+            "VM's vGPU; readings of any other GPU or VM are not stored, counted in `out_of_scope` and recorded as "
+            "drift. An agent bound to no host is bound by its first document to the new host that document "
+            "introduces."
         ),
         request={"application/xml": OpenApiTypes.STR, "text/xml": OpenApiTypes.STR},
         parameters=[OpenApiParameter(
             "hostname", str, description="Host (or, from inside a VM, the VM) the document is from; default: the "
-                                         "agent's host, else the agent's name",
+                                         "agent's VM or host, else the agent's name",
         )],
         responses={
             201: IngestResultSerializer,
-            400: _error("Malformed document, refused XML (entities), or a stamp too far from the server's clock; "
-                        "recorded on the agent"),
+            400: _error("Malformed document, refused XML (entities), a stamp too far from the server's clock, or "
+                        "more unknown GPUs than TELEMETRY_MAX_NEW_GPUS; nothing stored, recorded on the agent"),
             401: _error("Missing or invalid agent token"),
-            403: _error("The agent is disabled, or is not of kind nvidia-smi"),
+            403: _error("The agent is disabled, is not of kind nvidia-smi, or is bound to no host or VM and may not "
+                        "introduce the host its document names (one in the inventory: an admin binds the agent)"),
             413: _error("Larger than TELEMETRY_MAX_RESPONSE_BYTES"),
             415: _error("Content-Type is not application/xml or text/xml"),
         },
@@ -199,7 +217,7 @@ class NvidiaSmiIngestView(APIView):
             message = f"hostname: at most {MAX_HOSTNAME} characters"
             _record_failure(agent, received_at, message)
             return Response({"detail": message}, status=status.HTTP_400_BAD_REQUEST)
-        hostname = hostname or (agent.host.name if agent.host else agent.name)
+        hostname = hostname or (agent.vm.name if agent.vm else agent.host.name if agent.host else agent.name)
         try:
             if not document:
                 raise PayloadError("empty body: expected an nvidia-smi -q -x document")
@@ -210,14 +228,15 @@ class NvidiaSmiIngestView(APIView):
         stats = store_reports([(agent, report)], received_at=received_at)
         if agent.pk in stats.errors:
             _record_failure(agent, received_at, stats.errors[agent.pk])
-            return Response({"detail": stats.errors[agent.pk]}, status=status.HTTP_400_BAD_REQUEST)
+            refused = status.HTTP_403_FORBIDDEN if agent.pk in stats.forbidden else status.HTTP_400_BAD_REQUEST
+            return Response({"detail": stats.errors[agent.pk]}, status=refused)
         moment = datetime.fromtimestamp(received_at, tz=UTC)
         Agent.objects.filter(pk=agent.pk).update(
             last_seen=moment, last_attempt=moment, consecutive_failures=0,
             clock_skew_s=round(report.collected_at - received_at, 3),
         )
         body = {"gpu_samples": stats.gpu_samples, "vgpu_samples": stats.vgpu_samples, "drifts": stats.drifts,
-                "discovered_gpus": stats.discovered_gpus}
+                "discovered_gpus": stats.discovered_gpus, "out_of_scope": stats.out_of_scope}
         return Response(body, status=status.HTTP_201_CREATED)
 
 

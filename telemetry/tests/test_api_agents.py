@@ -14,7 +14,7 @@ from telemetry.tests.loopback import closed_port_url, inventory_host, polled_age
 pytestmark = pytest.mark.django_db
 
 LIST = "/api/v1/agents/"
-FIELDS = {"id", "name", "url", "kind", "host", "enabled", "timeout_s", "last_seen", "status", "last_error",
+FIELDS = {"id", "name", "url", "kind", "host", "vm", "enabled", "timeout_s", "last_seen", "status", "last_error",
           "last_error_at", "consecutive_failures", "scheduler_write"}
 
 

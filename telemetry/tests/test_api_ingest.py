@@ -52,7 +52,8 @@ def test_push_stores_a_sample_and_discovers_the_gpu(pusher):
     response = push(pusher.pusher, stamped(SHARED_CAPTURES / "tesla-t4.xml", moment))
 
     assert response.status_code == 201, response.content
-    assert response.json() == {"gpu_samples": 1, "vgpu_samples": 0, "drifts": 1, "discovered_gpus": 1}
+    assert response.json() == {"gpu_samples": 1, "vgpu_samples": 0, "drifts": 1, "discovered_gpus": 1,
+                               "out_of_scope": 0}
     gpu = Gpu.objects.select_related("gpu_model").get(uuid=T4_UUID)
     assert (gpu.host, gpu.gpu_model.name, gpu.pci_bus_id) == (pusher.host, "Tesla T4", "00000000:00:1E.0")
     sample = GpuSample.objects.get(gpu=gpu)

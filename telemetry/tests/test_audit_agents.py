@@ -62,7 +62,7 @@ def test_api_create_update_rotate_and_delete_are_recorded_without_the_token(admi
     assert (create.before, create.after["url"]) == (None, "http://10.0.0.11:9410")
     assert (update.before["timeout_s"], update.after["timeout_s"]) == (3.0, 5.0)
     assert rotate.comment == "new token issued; the previous one stopped working"
-    assert set(rotate.after) == {"name", "kind", "url", "host_id", "enabled", "timeout_s"}
+    assert set(rotate.after) == {"name", "kind", "url", "host_id", "vm_id", "enabled", "timeout_s"}
     assert (delete.object_repr, delete.before["name"], delete.after) == ("gpu-11", "gpu-11", None)
 
 
@@ -133,11 +133,15 @@ def test_discovery_records_the_new_host_model_and_gpus_as_made_by_the_agent(db):
     host, model = Host.objects.get(name="render-30"), GpuModel.objects.get(name="NVIDIA H200")
     events = list(AuditEvent.objects.exclude(action="vgpu.place").order_by("id"))
     assert [(e.action, e.object_id) for e in events] == [
-        ("host.create", str(host.pk)), ("gpu_model.create", str(model.pk)),
+        ("host.create", str(host.pk)), ("agent.update", str(agent.pk)), ("gpu_model.create", str(model.pk)),
         *(("gpu.create", str(Gpu.objects.get(uuid=f"GPU-new-{i}").pk)) for i in range(2))]
     assert {(e.source, e.actor_name, e.actor) for e in events} == {("agent", "dcgm-render-30", None)}
     assert events[0].after["cpu_threads"] == 1
-    assert (events[2].before, events[2].after["uuid"], events[2].after["host_id"]) == (None, "GPU-new-0", host.pk)
+    # The agent's first report bound it to the host it introduced: its token writes there only from now on.
+    assert (events[1].before["host_id"], events[1].after["host_id"]) == (None, host.pk)
+    assert events[1].comment == "bound to the host its first report introduced"
+    assert Agent.objects.get(pk=agent.pk).host == host
+    assert (events[3].before, events[3].after["uuid"], events[3].after["host_id"]) == (None, "GPU-new-0", host.pk)
 
 
 def test_a_declared_gpu_given_its_uuid_by_discovery_is_recorded_as_an_update(db):

@@ -161,14 +161,61 @@ def test_two_new_gpus_of_one_new_model_share_it_and_codes_stay_unique(world):
     assert set(Gpu.objects.filter(uuid__startswith="GPU-new-").values_list("gpu_model", flat=True)) == {model.pk}
 
 
-def test_without_agent_host_the_gpu_joins_the_host_named_in_the_report(world):
+def test_an_unbound_agent_naming_a_known_host_is_refused_until_an_admin_binds_it(world):
+    # A token issued without a host must not pick an existing host by the name it reports
+    # (here by FQDN, in another case): binding to a known host is the admin's decision.
     agent = make_agent("dcgm-render-01", kind="dcgm-exporter")
-    reading = gpu_reading("GPU-fqdn", pci_bus_id="00000000:C1:00.0")
+    readings = [gpu_reading(world.gpu.uuid), gpu_reading("GPU-fqdn", index=1, pci_bus_id="00000000:C1:00.0")]
 
-    store_reports([(agent, report("Render-01.studio.lan", [reading]))], received_at=T0)
+    stats = store_reports([(agent, report("Render-01.studio.lan", readings))], received_at=T0)
 
+    assert stats.errors[agent.pk] == (
+        "report refused: agent dcgm-render-01 is bound to no host, and its report is from host render-01, which is "
+        "in the inventory; an admin binds agent dcgm-render-01 to its host (or, for pushes from inside a VM, to its "
+        "VM) before its reports are stored (host: render-01). Nothing of it was stored.")
+    assert agent.pk in stats.forbidden
+    assert not GpuSample.objects.exists()
+    assert not Gpu.objects.filter(uuid="GPU-fqdn").exists()
+    assert (Host.objects.count(), Drift.objects.count()) == (2, 0)
+
+    agent.host = world.host
+    agent.save()
+    bound = store_reports([(agent, report("Render-01.studio.lan", readings, T0 + 10))], received_at=T0 + 10)
+
+    assert (bound.errors, bound.gpu_samples, bound.discovered_gpus) == ({}, 2, 1)
     assert Gpu.objects.get(uuid="GPU-fqdn").host == world.host
-    assert Host.objects.count() == 2
+
+
+def test_an_unbound_agents_first_report_binds_it_to_the_new_host_it_introduces(world):
+    agent = make_agent("dcgm-render-09", kind="dcgm-exporter")
+    first = store_reports([(agent, report("render-09", [gpu_reading("GPU-first", pci_bus_id="00000000:C1:00.0")]))],
+                          received_at=T0)
+    host = Host.objects.get(name="render-09")
+    agent.refresh_from_db()
+    assert (first.discovered_gpus, agent.host) == (1, host)
+
+    # Bound now: the token writes render-09 only, whatever name the next report gives.
+    later = store_reports([(agent, report("render-01", [gpu_reading(world.gpu.uuid)], T0 + 10))],
+                          received_at=T0 + 10)
+    assert (later.gpu_samples, later.out_of_scope) == (0, 1)
+    assert not GpuSample.objects.filter(gpu=world.gpu).exists()
+
+
+def test_an_unbound_agent_seen_before_or_with_nothing_to_discover_is_refused(world):
+    seen = make_agent("dcgm-old", kind="dcgm-exporter", last_seen=datetime.fromtimestamp(T0 - 60, tz=UTC))
+    empty = make_agent("dcgm-empty", kind="dcgm-exporter")
+
+    stats = store_reports([
+        (seen, report("render-42", [gpu_reading("GPU-late", pci_bus_id="00000000:C1:00.0")])),
+        (empty, report("render-43", [gpu_reading(world.far_gpu.uuid)])),
+    ], received_at=T0)
+
+    assert "agent dcgm-old is bound to no host or VM, and only its first report may introduce a new host" in \
+        stats.errors[seen.pk]
+    assert "its report has no new GPU to introduce host render-43 by" in stats.errors[empty.pk]
+    assert stats.forbidden == {seen.pk, empty.pk}
+    assert not Host.objects.filter(name__in=["render-42", "render-43"]).exists()
+    assert not GpuSample.objects.exists()
 
 
 def test_an_unknown_host_is_created_with_a_capacity_no_vm_fits_in(world):
@@ -224,24 +271,27 @@ def test_a_gpu_reported_without_identity_cannot_be_discovered(world):
         _open(DriftKind.UNKNOWN_GPU)[0].detail
 
 
-def test_gpu_reported_by_another_host_keeps_inventory_and_samples_and_resolves_later(world):
+def test_gpu_reported_by_another_host_keeps_inventory_stores_nothing_and_resolves_later(world):
     item = (world.agent, report("render-01", [gpu_reading(world.far_gpu.uuid, pci_bus_id="00000000:42:00.0")]))
 
-    store_reports([item], received_at=T0)
+    first = store_reports([item], received_at=T0)
 
     world.far_gpu.refresh_from_db()
     assert world.far_gpu.host == world.other_host  # the inventory is the admin's word
-    assert GpuSample.objects.get().gpu == world.far_gpu
+    assert (first.gpu_samples, first.out_of_scope) == (0, 1)
+    assert not GpuSample.objects.exists()  # render-02's series is not render-01's agent's to write
     (drift,) = _open(DriftKind.GPU_ELSEWHERE)
-    assert drift.subject == world.far_gpu.uuid
+    assert (drift.subject, drift.agent) == (world.far_gpu.uuid, world.agent)
     assert drift.detail == (f"GPU {world.far_gpu.uuid} (NVIDIA L40S) is on host render-02 in the inventory but is "
-                            f"reported by render-01. Samples are stored; the inventory is unchanged.")
+                            f"reported by agent agent-render-01 of host render-01. Nothing of it is stored (an agent "
+                            f"writes only its own host's series); the inventory is unchanged. If the board moved, "
+                            f"change its host.")
 
-    # The admin moves it; the agent's next report no longer differs: resolved.
+    # The admin moves it; the agent's next report no longer differs: resolved, and stored.
     services.update_gpu(world.far_gpu, host=world.host, pci_bus_id="00000000:42:00.0")
     stats = store_reports([(world.agent, report("render-01", [item[1].gpus[0]], T0 + 10))], received_at=T0 + 10)
 
-    assert stats.resolved_drifts == 1
+    assert (stats.resolved_drifts, stats.gpu_samples) == (1, 1)
     drift.refresh_from_db()
     assert drift.resolved_at == datetime.fromtimestamp(T0 + 10, tz=UTC)
 
@@ -317,17 +367,33 @@ def test_vm_found_by_name_where_the_hypervisor_gives_no_uuid(world):
 
 
 def test_vgpu_the_inventory_does_not_declare_is_stored_without_a_vgpu(world):
-    running = vgpu_reading(str(world.idle.uuid), "ws-idle-03", type_name="GRID L40S-4Q")
+    # ws-layout-02 is placed on render-01's second GPU: running on the first, it is still this host's VM.
+    running = vgpu_reading(str(world.layout.uuid), "ws-layout-02", type_name="GRID L40S-4Q")
 
     store_reports([(world.agent, report("render-01", [gpu_reading(world.gpu.uuid, vgpus=[running])]))],
                   received_at=T0)
 
     sample = VgpuSample.objects.get()
-    assert (sample.vm, sample.gpu, sample.vgpu) == (world.idle, world.gpu, None)
+    assert (sample.vm, sample.gpu, sample.vgpu) == (world.layout, world.gpu, None)
+    (drift,) = _open(DriftKind.VGPU_MISSING)
+    assert drift.subject == f"ws-layout-02 on {world.gpu.uuid}"
+    assert drift.detail == (f"VM ws-layout-02 runs a GRID L40S-4Q on GPU {world.gpu.uuid} (render-01) that the "
+                            f"inventory does not declare; its samples are stored without a vGPU.")
+
+
+def test_vgpu_of_a_vm_placed_nowhere_is_a_drift_and_no_sample(world):
+    running = vgpu_reading(str(world.idle.uuid), "ws-idle-03", type_name="GRID L40S-4Q")
+
+    stats = store_reports([(world.agent, report("render-01", [gpu_reading(world.gpu.uuid, vgpus=[running])]))],
+                          received_at=T0)
+
+    assert (stats.gpu_samples, stats.vgpu_samples, stats.out_of_scope) == (1, 0, 1)
+    assert not VgpuSample.objects.exists()
     (drift,) = _open(DriftKind.VGPU_MISSING)
     assert drift.subject == f"ws-idle-03 on {world.gpu.uuid}"
-    assert drift.detail == (f"VM ws-idle-03 runs a GRID L40S-4Q on GPU {world.gpu.uuid} (render-01) that the "
-                            f"inventory does not declare; its samples are stored without a vGPU.")
+    assert drift.detail.startswith(f"VM ws-idle-03 runs a GRID L40S-4Q on GPU {world.gpu.uuid} (render-01) that the "
+                                   f"inventory does not declare, and the inventory places the VM on no GPU: its "
+                                   f"samples are not stored until an admin places it")
 
 
 def test_vgpu_of_another_type_than_declared_is_a_profile_drift_resolved_when_it_matches(world):
