@@ -9,7 +9,7 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from fleet.tests.factories import HostFactory
+from fleet.tests.factories import HostFactory, VirtualMachineFactory
 from fleet.tests.test_views_lists import count_queries, csv_rows, first_column, table, table_rows
 from telemetry.models import Agent
 
@@ -22,7 +22,7 @@ HEADERS = ["Agent", "Kind", "Host", "URL", "Status", "Last seen", "Last error", 
 @pytest.fixture
 def agents():
     """One agent of each state: ok, stale, in error (with a long message), never seen, disabled,
-    and an nvidia-smi source without URL or host."""
+    an nvidia-smi source without URL or host, and an in-guest one bound to a VM."""
     now = timezone.now()
     host = HostFactory(name="render-01")
     other = HostFactory(name="render-02")
@@ -38,6 +38,8 @@ def agents():
         "new": Agent.objects.create(name="d-new", url="http://render-04:9410"),
         "disabled": Agent.objects.create(name="e-disabled", url="http://render-05:9410", enabled=False),
         "push": Agent.objects.create(name="f-push", kind="nvidia-smi", url="", last_seen=now),
+        "guest": Agent.objects.create(name="g-guest", kind="nvidia-smi", url="",
+                                      vm=VirtualMachineFactory(name="ws-ana")),
     }
 
 
@@ -48,7 +50,7 @@ def test_lists_every_agent_with_status_word_times_errors_and_skew(staff, agents)
     parsed = table(response)
     assert parsed.headers == HEADERS
     rows = {row[0]: row for row in parsed.rows}
-    assert list(rows) == ["a-ok", "b-stale", "c-error", "d-new", "e-disabled", "f-push"]
+    assert list(rows) == ["a-ok", "b-stale", "c-error", "d-new", "e-disabled", "f-push", "g-guest"]
     assert rows["a-ok"][1:5] == ["nvml", "render-01", "http://render-01:9410", "ok"]
     assert rows["a-ok"][8] == "-1.2 s"
     assert rows["b-stale"][4] == "stale"
@@ -61,11 +63,13 @@ def test_lists_every_agent_with_status_word_times_errors_and_skew(staff, agents)
     assert rows["d-new"][4:6] == ["new", "never"]
     assert rows["e-disabled"][4] == "disabled"
     assert rows["f-push"][1:4] == ["nvidia-smi", "none", "(pushes)"]
+    assert rows["g-guest"][1:3] == ["nvidia-smi", "VM ws-ana"], "an in-guest agent shows the VM it is bound to"
 
     html = response.content.decode()
     assert f'title="{agents["error"].last_error}"' in html, "the whole error on hover"
     assert '<span class="badge error">error</span>' in html
     assert f'href="/hosts/{agents["ok"].host_id}/">render-01</a>' in html
+    assert f'href="/vms/{agents["guest"].vm_id}/">ws-ana</a>' in html
     assert f'href="/admin/telemetry/agent/{agents["ok"].pk}/change/"' in html
     assert agents["ok"].token not in html
 
@@ -98,7 +102,7 @@ def test_a_recovered_error_is_shown_as_past(staff, agents):
         ({"status": "error"}, ["c-error"]),
         ({"status": "stale"}, ["b-stale"]),
         ({"status": "ok"}, ["a-ok", "f-push"]),
-        ({"kind": "nvidia-smi"}, ["f-push"]),
+        ({"kind": "nvidia-smi"}, ["f-push", "g-guest"]),
         ({"enabled": "false"}, ["e-disabled"]),
         ({"q": "RENDER-0"}, ["a-ok", "b-stale", "c-error", "d-new", "e-disabled"]),
         ({"q": "push"}, ["f-push"]),
@@ -173,14 +177,14 @@ def test_csv_has_every_filtered_agent_and_neutralizes_formulas(staff):
 
     assert response["Content-Disposition"] == f'attachment; filename="agents-{timezone.now():%Y-%m-%d}.csv"'
     rows = csv_rows(response)
-    assert rows[0] == ["name", "kind", "host", "url", "enabled", "status", "last_seen_utc", "last_error",
+    assert rows[0] == ["name", "kind", "host", "vm", "url", "enabled", "status", "last_seen_utc", "last_error",
                        "last_error_at_utc", "consecutive_failures", "clock_skew_s"]
     assert len(rows) == 1 + 56, "every agent, not one page"
     evil = rows[1]
     assert evil[0] == "'=cmd|'/C calc'!A0"
-    assert evil[5] == "error"
-    assert evil[7] == "'@SUM(1+1)"
-    assert evil[10] == "-2.5", "a negative number is a number, not a formula"
+    assert evil[6] == "error"
+    assert evil[8] == "'@SUM(1+1)"
+    assert evil[11] == "-2.5", "a negative number is a number, not a formula"
 
     filtered = csv_rows(staff.get(PAGE, {"format": "csv", "status": "error"}))
     assert [row[0] for row in filtered[1:]] == ["'=cmd|'/C calc'!A0"]

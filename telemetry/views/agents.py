@@ -39,7 +39,7 @@ class AgentListView(FilteredListView):
     columns = (
         Column("Agent", "name"),
         Column("Kind", "kind"),
-        Column("Host", "host"),
+        Column("Host", "host", title="The host whose GPUs it reports, or the one VM an in-guest agent reports"),
         Column("URL", "url"),
         Column("Status", title="ok: polled recently; stale: not seen lately; error: the last attempt failed; "
                                "new: never seen; disabled"),
@@ -61,6 +61,7 @@ class AgentListView(FilteredListView):
         CsvColumn("name", lambda agent: agent.name),
         CsvColumn("kind", lambda agent: agent.kind),
         CsvColumn("host", lambda agent: agent.host.name if agent.host else None),
+        CsvColumn("vm", lambda agent: agent.vm.name if agent.vm else None),
         CsvColumn("url", lambda agent: agent.url),
         CsvColumn("enabled", lambda agent: agent.enabled),
         CsvColumn("status", lambda agent: agent.status_now),
@@ -72,7 +73,7 @@ class AgentListView(FilteredListView):
     )
 
     def get_queryset(self) -> QuerySet:
-        return Agent.objects.select_related("host")
+        return Agent.objects.select_related("host", "vm")
 
     def decorate(self, rows: list) -> None:
         for agent in rows:
