@@ -1,4 +1,5 @@
-"""Benchmark of the host agent: collection cost per GPU and /v1/metrics latency over keep-alive.
+"""Benchmark of the host agent: collection cost per GPU and /v1/metrics latency over keep-alive,
+with no other connection open and with --idle-sockets idle and slowloris connections open.
 
     python bench/agent.py --backend nvml     # on a GPU host (needs nvidia-ml-py)
     python bench/agent.py --backend sim      # anywhere: simulated host with 8 GPUs, 32 vGPUs
@@ -6,16 +7,20 @@
 Why these figures: the agent's poll must cost about what the raw NVML calls cost (goal: at
 most 2x the same calls made straight through pynvml, so the null-safety and caching are
 nearly free), and a keep-alive scrape must not stall on delayed ACK (~40 ms per scrape when
-a response leaves in two writes). Needs only the standard library and nvidia-ml-py.
+a response leaves in two writes), nor because hundreds of connections sit idle or trickle
+their headers (they must cost no thread and no worker). Needs only the standard library and
+nvidia-ml-py.
 Prints figures; asserts nothing.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import http.client
 import json
 import platform
+import socket
 import statistics
 import sys
 import threading
@@ -166,40 +171,93 @@ def collection_cost(args, backend, gpu_count: int) -> None:
     print(f"JSON encoding         : {encode_us:8.1f} us/GPU")
 
 
+class IdleSockets:
+    """`count` connections that never finish a request: a third silent, a third half a request
+    line, a third slowloris (a header byte every 50 ms each, from one thread)."""
+
+    def __init__(self, address, count: int):
+        self.sockets = [socket.create_connection(address) for _ in range(count)]
+        third = count // 3
+        for sock in self.sockets[third:2 * third]:
+            sock.sendall(b"GET /v1/met")
+        self.trickling = self.sockets[2 * third:]
+        for sock in self.trickling:
+            sock.sendall(b"GET /v1/metrics HTTP/1.1\r\nX-Slow: ")
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._trickle, daemon=True)
+        self._thread.start()
+
+    def _trickle(self) -> None:
+        while not self._stop.wait(0.05):
+            for sock in self.trickling:
+                with contextlib.suppress(OSError):  # closed by the agent: then it stays closed
+                    sock.send(b"a")
+
+    def still_open(self) -> int:
+        count = 0
+        for sock in self.sockets:
+            sock.setblocking(False)
+            try:
+                count += sock.recv(1) != b""
+            except BlockingIOError:
+                count += 1
+            except OSError:
+                pass
+        return count
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join()
+        for sock in self.sockets:
+            sock.close()
+
+
+def time_scrapes(server, scrapes: int) -> tuple[list[float], int, int, float]:
+    """(sorted latencies in ms, payload bytes, non-200 answers, scrapes/s) over one keep-alive connection."""
+    conn = http.client.HTTPConnection(*server.server_address[:2], timeout=10)
+    headers = {"Authorization": f"Bearer {TOKEN}"}
+    size = 0
+    for _ in range(50):
+        conn.request("GET", "/v1/metrics", headers=headers)
+        size = len(conn.getresponse().read())
+    latencies = []
+    bad = 0
+    start = time.perf_counter()
+    for _ in range(scrapes):
+        t0 = time.perf_counter()
+        conn.request("GET", "/v1/metrics", headers=headers)
+        response = conn.getresponse()
+        response.read()
+        latencies.append(time.perf_counter() - t0)
+        bad += response.status != 200
+    elapsed = time.perf_counter() - start
+    conn.close()
+    return sorted(x * 1e3 for x in latencies), size, bad, scrapes / elapsed
+
+
 def scrape_latency(args, backend) -> None:
-    server = AgentServer(("127.0.0.1", 0), backend, TOKEN, "bench-host")
+    # A request timeout longer than the run, so the idle sockets stay open throughout.
+    server = AgentServer(("127.0.0.1", 0), backend, TOKEN, "bench-host", request_timeout_s=3600)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
+    rows = []
     try:
-        conn = http.client.HTTPConnection(*server.server_address[:2], timeout=10)
-        headers = {"Authorization": f"Bearer {TOKEN}"}
-        size = 0
-        for _ in range(50):
-            conn.request("GET", "/v1/metrics", headers=headers)
-            size = len(conn.getresponse().read())
-        latencies = []
-        bad = 0
-        start = time.perf_counter()
-        for _ in range(args.scrapes):
-            t0 = time.perf_counter()
-            conn.request("GET", "/v1/metrics", headers=headers)
-            response = conn.getresponse()
-            response.read()
-            latencies.append(time.perf_counter() - t0)
-            bad += response.status != 200
-        elapsed = time.perf_counter() - start
-        conn.close()
+        for idle_count in (0, args.idle_sockets):
+            idle = IdleSockets(server.server_address[:2], idle_count)
+            try:
+                time.sleep(0.5)  # accepted, and trickling
+                ms, size, bad, rate = time_scrapes(server, args.scrapes)
+                rows.append((idle_count, ms, bad, rate, idle.still_open()))
+            finally:
+                idle.close()
     finally:
         server.shutdown()
         server.server_close()
-    latencies.sort()
-    ms = [x * 1e3 for x in latencies]
     print(f"== GET /v1/metrics over one keep-alive loopback connection ({args.scrapes} scrapes, {size} B payload)")
-    print(
-        f"latency ms            : mean {statistics.mean(ms):.3f}  median {statistics.median(ms):.3f}  "
-        f"p99 {ms[int(0.99 * (len(ms) - 1))]:.3f}  max {ms[-1]:.3f}"
-    )
-    print(f"throughput            : {args.scrapes / elapsed:,.0f} scrapes/s  (non-200: {bad})")
+    print("idle sockets open  mean ms  median ms  p99 ms  max ms  scrapes/s  non-200  idle still open after")
+    for idle_count, ms, bad, rate, still_open in rows:
+        print(f"{idle_count:17d}  {statistics.mean(ms):7.3f}  {statistics.median(ms):9.3f}  "
+              f"{ms[int(0.99 * (len(ms) - 1))]:6.3f}  {ms[-1]:6.3f}  {rate:9,.0f}  {bad:7d}  {still_open:21d}")
 
 
 def main() -> None:
@@ -209,6 +267,8 @@ def main() -> None:
     parser.add_argument("--polls", type=int, default=2000, help="polls per timing trial (default 2000)")
     parser.add_argument("--trials", type=int, default=5, help="interleaved timing trials (default 5)")
     parser.add_argument("--scrapes", type=int, default=2000, help="timed HTTP scrapes (default 2000)")
+    parser.add_argument("--idle-sockets", type=int, default=300,
+                        help="idle and slowloris connections held open in the second scrape phase (default 300)")
     args = parser.parse_args()
 
     print(f"agent {__version__}, Python {platform.python_version()}, {platform.machine()}, {platform.system()}")

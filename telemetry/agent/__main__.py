@@ -2,6 +2,13 @@
 
     python -m telemetry.agent --listen 0.0.0.0:9410 --token-file /etc/vgpu-agent/token \\
         [--write-token-file /etc/vgpu-agent/write-token] [--backend nvml|sim] [--scenario FILE] [--hostname NAME]
+        [--max-connections 512] [--request-timeout 10] [--idle-timeout 120] [--workers 8]
+
+Connections are bounded (telemetry/agent/connections.py): --max-connections open at once (the
+one waiting longest, idle or still sending its request, is closed to make room), --request-timeout
+for a request to arrive in full, --idle-timeout between keep-alive requests, --workers threads
+answering. The open-file limit is raised to fit --max-connections where the hard limit allows,
+else the cap is lowered.
 
 With --write-token-file the agent also accepts PUT /v1/gpus/<uuid>/scheduler from holders of that
 second token (`python manage.py scheduler_write_token <agent>` prints it) and says
@@ -17,6 +24,7 @@ from __future__ import annotations
 import argparse
 import hmac
 import logging
+import math
 import os
 import signal
 import socket
@@ -28,6 +36,9 @@ from typing import Any
 from . import __version__
 
 logger = logging.getLogger("telemetry.agent")
+# Descriptors kept for what is not a client connection: the listener, the loop's wake-up pair,
+# the selector, NVML's device files, log files.
+RESERVED_FILES = 64
 
 
 class ConfigError(Exception):
@@ -40,6 +51,51 @@ def parse_listen(value: str) -> tuple[str, int]:
     if not sep or not port.isdigit() or int(port) > 65535:
         raise argparse.ArgumentTypeError(f"expected HOST:PORT, got {value!r}")
     return host.strip("[]") or "0.0.0.0", int(port)
+
+
+def positive_int(value: str) -> int:
+    if not value.isascii() or not value.isdigit() or int(value) < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number of at least 1, got {value!r}")
+    return int(value)
+
+
+def positive_seconds(value: str) -> float:
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = math.nan
+    if not 0 < seconds < math.inf:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds above 0, got {value!r}")
+    return seconds
+
+
+def fit_open_files(max_connections: int) -> int:
+    """`max_connections`, or fewer when the open-file limit cannot hold that many sockets.
+
+    Raises the soft RLIMIT_NOFILE as far as the hard limit allows first (systemd's default soft
+    limit is 1,024). Without room, accept() would fail with EMFILE under load instead of the
+    server closing the longest-waiting connection as designed.
+    """
+    try:
+        import resource
+    except ImportError:  # not a Unix
+        return max_connections
+    needed = max_connections + RESERVED_FILES
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and soft < needed:
+        target = needed if hard == resource.RLIM_INFINITY else min(needed, hard)
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+        except (ValueError, OSError):
+            pass
+    if soft == resource.RLIM_INFINITY or soft >= needed:
+        return max_connections
+    fitted = max(1, soft - RESERVED_FILES)
+    logger.warning("the open-file limit (ulimit -n) is %d: serving at most %d connections instead of "
+                   "--max-connections %d; raise LimitNOFILE (systemd) or --ulimit nofile (docker)",
+                   soft, fitted, max_connections)
+    return fitted
 
 
 def read_token(path: str | Path) -> str:
@@ -111,11 +167,33 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--hostname", help="name reported in the payload (default: scenario or system hostname)")
     parser.add_argument(
+        "--max-connections",
+        type=positive_int,
+        default=512,
+        metavar="N",
+        help="connections open at once; one more closes the one waiting longest (default 512)",
+    )
+    parser.add_argument(
+        "--request-timeout",
+        type=positive_seconds,
+        default=10.0,
+        metavar="SECONDS",
+        help="close a connection whose request (line, headers, body) is not in within this long of its "
+        "first byte, or of the connect (default 10)",
+    )
+    parser.add_argument(
         "--idle-timeout",
-        type=float,
+        type=positive_seconds,
         default=120.0,
         metavar="SECONDS",
-        help="close keep-alive connections idle this long (default 120)",
+        help="close keep-alive connections idle this long between requests (default 120)",
+    )
+    parser.add_argument(
+        "--workers",
+        type=positive_int,
+        default=8,
+        metavar="N",
+        help="threads answering complete requests; idle connections use none (default 8)",
     )
     parser.add_argument("--log-level", default="INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR"))
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
@@ -144,7 +222,15 @@ def main(argv: list[str] | None = None) -> int:
     hostname = args.hostname or getattr(backend, "hostname", None) or socket.gethostname()
     try:
         server = AgentServer(
-            args.listen, backend, token, hostname, idle_timeout_s=args.idle_timeout, write_token=write_token
+            args.listen,
+            backend,
+            token,
+            hostname,
+            idle_timeout_s=args.idle_timeout,
+            request_timeout_s=args.request_timeout,
+            max_connections=fit_open_files(args.max_connections),
+            workers=args.workers,
+            write_token=write_token,
         )
     except OSError as exc:
         print(f"telemetry.agent: error: cannot listen on {args.listen[0]}:{args.listen[1]}: {exc}", file=sys.stderr)

@@ -1,6 +1,9 @@
-"""HTTP side of the agent: protocol v1 over the standard library's ThreadingHTTPServer.
+"""HTTP side of the agent: protocol v1 over the bounded server of `connections.py`.
 
 Why it is written the way it is:
+- Idle and slow connections cost no thread, the number of connections is capped, headers and
+  bodies are capped and a malformed Content-Length is a 400: a few hundred idle or trickling
+  sockets cannot keep a scrape from being answered (`connections.py` says how).
 - Keep-alive scrapes must not wait on TCP delayed ACK. With the stdlib defaults a response
   leaves in two writes (headers, then body); Nagle holds the second until the client ACKs
   the first, which the client delays ~40 ms: measured 23 scrapes/s instead of 1,022. So
@@ -27,10 +30,11 @@ import socket
 import socketserver
 import time
 from collections.abc import Iterable
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any, Protocol
 
 from . import __version__
+from .connections import MAX_BODY_BYTES, BoundedHTTPServer, Exchange, response_bytes
 from .scheduler_write import SchedulerRefused, parse_settings
 
 logger = logging.getLogger(__name__)
@@ -40,7 +44,7 @@ HEALTH_PATH = "/healthz"
 KNOWN_PATHS = (METRICS_PATH, HEALTH_PATH)
 REALM = "vgpu-agent"
 SCHEDULER_PATH = re.compile(r"^/v1/gpus/(?P<uuid>[A-Za-z0-9-]{1,80})/scheduler$")
-MAX_BODY_BYTES = 4096
+SERVER_VERSION = f"vgpu-agent/{__version__}"
 
 
 class Backend(Protocol):
@@ -51,11 +55,10 @@ class Backend(Protocol):
     def close(self) -> None: ...
 
 
-class AgentServer(ThreadingHTTPServer):
-    """Serves one backend's metrics to bearer-token holders; one thread per connection."""
+class AgentServer(BoundedHTTPServer):
+    """Serves one backend's metrics to bearer-token holders (limits: `connections.py`)."""
 
-    daemon_threads = True
-    allow_reuse_address = True
+    server_version = SERVER_VERSION
 
     def __init__(
         self,
@@ -65,6 +68,9 @@ class AgentServer(ThreadingHTTPServer):
         hostname: str,
         *,
         idle_timeout_s: float = 120.0,
+        request_timeout_s: float = 10.0,
+        max_connections: int = 512,
+        workers: int = 8,
         write_token: str | None = None,
     ):
         if ":" in address[0]:
@@ -74,10 +80,9 @@ class AgentServer(ThreadingHTTPServer):
         # None: a read-only agent (the default); scheduler changes are refused with 403.
         self.write_token = write_token.encode() if write_token else None
         self.hostname = hostname
-        # Longer than any sane scrape interval so pollers keep their connection, short
-        # enough that abandoned connections do not pin a thread each for ever.
-        self.idle_timeout_s = idle_timeout_s
-        super().__init__(address, AgentRequestHandler)
+        # idle_timeout_s: longer than any sane scrape interval so pollers keep their connection.
+        super().__init__(address, AgentRequestHandler, idle_timeout_s=idle_timeout_s,
+                         request_timeout_s=request_timeout_s, max_connections=max_connections, workers=workers)
 
     def server_bind(self) -> None:
         """Bind without HTTPServer's getfqdn() (a reverse-DNS lookup that can hang start-up)."""
@@ -108,15 +113,31 @@ class AgentRequestHandler(BaseHTTPRequestHandler):
     """Routes GET /v1/metrics and GET /healthz; everything else is 404 or 405 in JSON."""
 
     server: AgentServer
+    request: Exchange
     protocol_version = "HTTP/1.1"
-    server_version = f"vgpu-agent/{__version__}"
+    server_version = SERVER_VERSION
     sys_version = ""
-    # socketserver.StreamRequestHandler sets TCP_NODELAY on the accepted socket when true.
-    disable_nagle_algorithm = True
 
     def setup(self) -> None:
-        self.timeout = self.server.idle_timeout_s
-        super().setup()
+        # One complete request, read by the server's loop; answers go out on its socket.
+        self.connection = self.request.sock
+        self.rfile = self.request.reader()
+        self.wfile = self.request.writer()
+
+    def handle(self) -> None:
+        self.handle_one_request()
+
+    def finish(self) -> None:
+        pass
+
+    def handle_expect_100(self) -> bool:
+        # The body has arrived already (the loop sent 100 Continue if the client waited for it).
+        return True
+
+    def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
+        """Errors of the request line (400, 505...) in JSON like every other answer, then close."""
+        self.close_connection = True
+        self._send_json(code, {"error": message or self.responses[code][0]})
 
     def do_GET(self) -> None:
         path = self.path.split("?", 1)[0]
@@ -136,7 +157,7 @@ class AgentRequestHandler(BaseHTTPRequestHandler):
             self._send_json(404, {"error": f"no such path; use GET {METRICS_PATH} or GET {HEALTH_PATH}"})
 
     def _method_not_allowed(self) -> None:
-        # The request may carry a body we do not read: close rather than parse it as the next request.
+        # Whatever the client meant by this request, it is not a scraper that keeps its connection.
         self.close_connection = True
         self._send_json(405, {"error": f"method {self.command} not allowed; use GET"}, [("Allow", "GET")])
 
@@ -145,7 +166,7 @@ class AgentRequestHandler(BaseHTTPRequestHandler):
         if match is None:
             self._method_not_allowed()
             return
-        # Whatever happens, the body is not parsed as the next request.
+        # A change to the driver is a one-off request, not a scraper's: close after answering.
         self.close_connection = True
         if self.server.write_token is None:
             self._send_json(403, {"error": "read-only agent: start it with --write-token-file to apply "
@@ -158,11 +179,13 @@ class AgentRequestHandler(BaseHTTPRequestHandler):
             self._send_json(501, {"error": f"the {self.server.backend.name} backend cannot change the scheduler"})
             return
         try:
-            length = int(self.headers.get("Content-Length") or 0)
-            if not 0 < length <= MAX_BODY_BYTES:
+            # The server's loop has checked Content-Length (one number, at most MAX_BODY_BYTES)
+            # and read that many bytes: the rest of rfile is the body.
+            body = self.rfile.read()
+            if not body:
                 raise SchedulerRefused(400, f"send a JSON body of 1 to {MAX_BODY_BYTES} bytes")
             try:
-                document = json.loads(self.rfile.read(length))
+                document = json.loads(body)
             except ValueError:
                 raise SchedulerRefused(400, "the body is not valid JSON") from None
             reading = apply(match["uuid"], parse_settings(document))
@@ -207,19 +230,8 @@ class AgentRequestHandler(BaseHTTPRequestHandler):
 
     def _send(self, status: int, body: bytes, headers: Iterable[tuple[str, str]] = ()) -> None:
         """Write status line, headers and body with a single write (one sendall): see the module doc."""
-        lines = [
-            f"HTTP/1.1 {status} {self.responses[status][0]}",
-            f"Server: {self.server_version}",
-            f"Date: {self.date_time_string()}",
-            "Content-Type: application/json",
-            f"Content-Length: {len(body)}",
-            "Cache-Control: no-store",
-        ]
-        lines.extend(f"{name}: {value}" for name, value in headers)
-        if self.close_connection:
-            lines.append("Connection: close")
-        head = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
-        self.wfile.write(head if self.command == "HEAD" else head + body)
+        self.wfile.write(response_bytes(status, body, headers, server=self.server_version,
+                                        close=self.close_connection, head_only=self.command == "HEAD"))
         self.log_request(status, len(body))
 
     def log_message(self, format: str, *args: Any) -> None:
@@ -227,6 +239,6 @@ class AgentRequestHandler(BaseHTTPRequestHandler):
         logger.debug("%s %s", self.address_string(), format % args)
 
     def log_error(self, format: str, *args: Any) -> None:
-        # An idle keep-alive connection reaching idle_timeout_s is routine, not a warning.
+        # A client that stops reading its answer (the send times out) is routine, not a warning.
         level = logging.DEBUG if format.startswith("Request timed out") else logging.WARNING
         logger.log(level, "%s %s", self.address_string(), format % args)

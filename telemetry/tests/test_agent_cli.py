@@ -8,6 +8,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -178,3 +179,53 @@ def test_token_is_stripped_and_read_from_the_file(token_file):
     token_file.write_text("\n", encoding="utf-8")
     with pytest.raises(ConfigError, match="is empty"):
         read_token(token_file)
+
+
+@pytest.mark.parametrize(("flag", "value", "message"), [
+    ("--max-connections", "0", "expected a whole number of at least 1, got '0'"),
+    ("--workers", "-2", "expected a whole number of at least 1, got '-2'"),
+    ("--workers", "²", "expected a whole number of at least 1, got '²'"),
+    ("--request-timeout", "0", "expected a number of seconds above 0, got '0'"),
+    ("--idle-timeout", "nan", "expected a number of seconds above 0, got 'nan'"),
+    ("--idle-timeout", "inf", "expected a number of seconds above 0, got 'inf'"),
+])
+def test_connection_limits_must_be_positive(token_file, capsys, flag, value, message):
+    from telemetry.agent.__main__ import main
+
+    with pytest.raises(SystemExit) as caught:
+        main(["--listen", "127.0.0.1:0", "--token-file", str(token_file), "--backend", "sim", flag, value])
+    assert caught.value.code == 2
+    assert f"argument {flag}: {message}" in capsys.readouterr().err
+
+
+def test_under_a_low_open_file_limit_the_agent_lowers_its_cap_and_keeps_answering(token_file):
+    """ulimit -n 100 (soft and hard) with --max-connections 512: accept() would run out of
+    descriptors under 150 idle sockets; the agent serves at most 36 and closes the oldest."""
+    process = subprocess.Popen(
+        ["bash", "-c", 'ulimit -n 100 && exec "$@"', "agent",
+         *agent_command("--listen", "127.0.0.1:0", "--token-file", str(token_file), "--backend", "sim",
+                        "--max-connections", "512")],
+        cwd=REPO,
+        env=clean_env(),
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    idle = []
+    try:
+        lines = [process.stderr.readline() for _ in range(2)]
+        assert "the open-file limit (ulimit -n) is 100: serving at most 36 connections instead of " \
+               "--max-connections 512" in lines[0]
+        port = int(re.search(r"on http://127\.0\.0\.1:(\d+)", lines[1]).group(1))
+        idle = [socket.create_connection(("127.0.0.1", port)) for _ in range(150)]
+
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+        conn.request("GET", "/v1/metrics", headers={"Authorization": "Bearer proc-token-123"})
+        response = conn.getresponse()
+        assert (response.status, len(json.loads(response.read())["gpus"])) == (200, 3)
+        conn.close()
+    finally:
+        for sock in idle:
+            sock.close()
+        process.send_signal(signal.SIGTERM)
+        process.wait(timeout=10)
+        process.stderr.close()

@@ -122,7 +122,7 @@ def test_bad_settings_are_400(body, error):
 @pytest.mark.parametrize(("body", "error"), [
     (b"{", "the body is not valid JSON"),
     (b"", "send a JSON body of 1 to 4096 bytes"),
-    (b" " * 4097, "send a JSON body of 1 to 4096 bytes"),
+    (b" " * 4097, "Content-Length '4097' is over the 4096-byte limit of a request body"),
 ])
 def test_a_body_that_is_not_json_or_has_a_bad_size_is_400(body, error):
     with agent() as server:
