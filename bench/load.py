@@ -305,7 +305,7 @@ def writer(until: float, done: list[int]) -> None:
     from django.db import connection, transaction
     from django.utils import timezone
 
-    from fleet import audit
+    from fleet import audit, locks
     from fleet.models import Host
     from telemetry.models import Agent
 
@@ -319,7 +319,8 @@ def writer(until: float, done: list[int]) -> None:
         done[0] += 1
         if tick % INVENTORY_EDIT_EVERY_S == 0:
             with transaction.atomic():
-                host = Host.objects.select_for_update().get(pk=host_ids[tick % len(host_ids)])
+                host_id = host_ids[tick % len(host_ids)]
+                host = locks.lock_for_change(hosts=[host_id]).hosts[host_id]
                 before = audit.snapshot(host)
                 host.ram_gib = 1024 if host.ram_gib != 1024 else 768
                 host.save(update_fields=["ram_gib"])

@@ -21,7 +21,7 @@ from django.utils.cache import add_never_cache_headers
 from django.utils.html import format_html
 
 from fleet import api_tokens, placement, services
-from fleet.admin_audit import AuditedAdmin, AuditedDeleteMixin
+from fleet.admin_audit import AuditedAdmin
 from fleet.forms import (
     GpuForm,
     GpuModelForm,
@@ -54,11 +54,12 @@ class SaveRefused(Exception):
         super().__init__("; ".join(messages))
 
 
-class RuleGovernedAdmin(AuditedDeleteMixin, admin.ModelAdmin):
+class RuleGovernedAdmin(admin.ModelAdmin):
     """An admin whose form saves through a service (the form's `save()` returns None when refused).
 
-    The service records the save; a deletion (no service deletes hosts, GPUs or VMs) is
-    recorded by `AuditedDeleteMixin`, and vGPUs override it with `services.remove_vgpu`.
+    The service records the save; hosts, GPUs and VMs are deleted (and the deletion recorded) by
+    `services.delete_inventory`, vGPUs by `services.remove_vgpus`, each locking the rows in
+    `fleet.locks`' order first.
 
     A refusal at save time rolls back the admin's transaction and renders the form again with
     the rule's message, as a refusal at validation time does.
@@ -67,6 +68,12 @@ class RuleGovernedAdmin(AuditedDeleteMixin, admin.ModelAdmin):
     def save_model(self, request, obj, form, change):
         if form.save() is None:
             raise SaveRefused([str(error) for error in form.non_field_errors()])
+
+    def delete_model(self, request, obj):
+        services.delete_inventory([obj])
+
+    def delete_queryset(self, request, queryset):
+        services.delete_inventory(queryset)
 
     def get_form(self, request, obj=None, change=False, **kwargs):
         form_class = super().get_form(request, obj, change, **kwargs)
@@ -344,9 +351,7 @@ class VgpuAdmin(RuleGovernedAdmin):
         services.remove_vgpu(obj)
 
     def delete_queryset(self, request, queryset):
-        with transaction.atomic():
-            for vgpu in queryset:
-                services.remove_vgpu(vgpu)
+        services.remove_vgpus(queryset.order_by("pk"))
 
     @admin.display(description="host", ordering="gpu__host__name")
     def host(self, obj):

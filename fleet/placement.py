@@ -41,6 +41,8 @@ class Rule:
     HOST_RAM = "host_ram"
     SIZE_MODE_UNSUPPORTED = "size_mode_unsupported"
     GPU_BUSY = "gpu_busy"
+    # Not a rule of NVIDIA's: a row the change rests on changed or went away while it waited for its lock.
+    FLEET_CHANGED = "fleet_changed"
 
 
 @dataclass(frozen=True)

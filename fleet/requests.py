@@ -1,9 +1,12 @@
 """Resize requests: filing, deciding and applying them, and the notifications they send.
 
 Approval applies through `fleet.services` (which re-checks every placement rule under row
-locks) inside one transaction that first locks the request row, so two approvals of the same
-request, or of two requests competing for the last slot, never both succeed: the loser raises
-`FleetConflict` (HTTP 409) and its request stays pending with the reason in `last_error`.
+locks) inside one transaction that first locks, in the order of `fleet.locks`, every host,
+GPU and VM it may write and then the request row, so two approvals of the same request, or
+of two requests competing for the last slot, never both succeed, and an approval never
+deadlocks with a VM edit or an optimizer plan touching the same rows: the loser raises
+`FleetConflict` (HTTP 409) naming what changed, and its request stays pending with the
+reason in `last_error`.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from config import read_cache
-from fleet import audit, placement, services
+from fleet import audit, locks, placement, services
 from fleet.choices import ResizeStatus
 from fleet.models import Gpu, Notification, ResizeRequest, Vgpu, VgpuProfile, VirtualMachine
 from fleet.placement import PlacementError, Violation
@@ -107,7 +110,7 @@ def file_request(vm: VirtualMachine, user, requested_profile: VgpuProfile, reque
                  reason: str = "", wished_from=None, wished_until=None) -> ResizeRequest:
     """File a pending request for `vm` and tell the admins."""
     with transaction.atomic():
-        vm = services._locked(VirtualMachine, vm.pk, "artist")
+        vm = locks.lock_for_change(vms=[vm]).vms[vm.pk]
         validate(vm, user, requested_profile, requested_vgpus, wished_from, wished_until, reason)
         current, count = current_vgpus(vm)
         request = ResizeRequest.objects.create(
@@ -146,42 +149,88 @@ def _gpu_order(request: ResizeRequest) -> list[list[Gpu]]:
 
 
 def _place_all(request: ResizeRequest) -> list[Vgpu]:
-    """Remove the VM's vGPUs and place the requested ones on the first host whose GPUs take them all."""
+    """Remove the VM's vGPUs and place the requested ones on the first host whose GPUs take them all.
+
+    Call it with `_lock_for_approval`'s locks held: it locks nothing they do not cover.
+    """
     # services.remove_vgpu / place_vgpu record vgpu.remove / vgpu.place themselves.
-    for vgpu in Vgpu.objects.filter(vm=request.vm):
-        services.remove_vgpu(vgpu)
+    services.remove_vgpus(Vgpu.objects.filter(vm=request.vm).order_by("pk"))
     vm = VirtualMachine.objects.get(pk=request.vm_id)
+    refusals: list[str] = []
     for gpus in _gpu_order(request):
         placed: list[Vgpu] = []
         try:
             with transaction.atomic():
                 for _ in range(request.requested_vgpus):
+                    refused = None
                     for gpu in gpus:
                         try:
                             placed.append(services.place_vgpu(vm, gpu, request.requested_profile))
                             break
-                        except PlacementError:
-                            continue
+                        except PlacementError as exc:
+                            refused = exc
                     else:
-                        raise PlacementError([Violation(placement.Rule.PLACEMENT_SLOT, "no room")])
-        except PlacementError:
+                        raise refused or PlacementError([Violation(placement.Rule.PLACEMENT_SLOT, "no room")])
+        except PlacementError as exc:
+            refusals.append(f"On {gpus[0].host.name}: {'; '.join(v.message for v in exc.violations)}.")
             continue
         return placed
     raise services.FleetConflict([Violation(
         placement.Rule.PLACEMENT_SLOT,
-        f"No GPU has room for {describe(request)} for {vm.name} now; free capacity or reject the request.",
+        " ".join([f"No GPU has room for {describe(request)} for {vm.name} now.", *refusals[:MAX_REASONS],
+                  "Free capacity or reject the request."]),
     )])
+
+
+#: How many hosts' refusals a "no room" conflict quotes (the best candidates, in `_gpu_order`).
+MAX_REASONS = 3
+
+
+def _touched(request: ResizeRequest) -> dict[str, set]:
+    """The hosts, GPUs and VM that applying `request` may write, as `lock_for_change` takes them:
+    the VM, the GPUs its vGPUs are on and their hosts, and every GPU of the requested model
+    (each a candidate of `_gpu_order`) with its host. Ids, but the VM itself: a conflict names it."""
+    vm = VirtualMachine.objects.filter(pk=request.vm_id).only("name", "host_id").first()
+    held = Vgpu.objects.filter(vm_id=request.vm_id).values_list("gpu_id", "gpu__host_id")
+    candidates = Gpu.objects.filter(gpu_model_id=request.requested_profile.gpu_model_id).values_list("pk", "host_id")
+    pairs = [*held, *candidates]
+    return {"hosts": {host for _, host in pairs} | ({vm.host_id} - {None} if vm else set()),
+            "gpus": {gpu for gpu, _ in pairs}, "vms": {vm or request.vm_id}}
+
+
+def _pending(request: ResizeRequest) -> ResizeRequest:
+    """`request` (locked), or FleetConflict when it was decided already, saying by whom and why."""
+    if request.status != ResizeStatus.PENDING:
+        by = f" by {request.decided_by}" if request.decided_by else ""
+        comment = f": {request.decision_comment}" if request.decision_comment else ""
+        raise locks.conflict(f"The request is {request.status} already{by}{comment}.", placement.Rule.PLACEMENT_SLOT)
+    return request
+
+
+def _lock_for_approval(request: ResizeRequest, touched: dict[str, set]) -> ResizeRequest:
+    """Lock what applying `request` writes (`touched`, read before the transaction, then the VM's
+    vGPUs as they are once the VM is held), then the request, and return the request as it is now.
+
+    FleetConflict, naming what changed, when the request was decided meanwhile, or when the
+    fleet changed so that applying it would write rows that are not locked (the VM's vGPUs
+    moved to other GPUs, a GPU of the requested model was added): another attempt reads the
+    fleet again.
+    """
+    locked = _pending(locks.lock_for_change(**touched, vgpus=Vgpu.objects.filter(vm_id=request.vm_id),
+                                            requests=[request]).requests[request.pk])
+    now = _touched(locked)
+    if any(not now[group] <= touched[group] for group in now):
+        raise locks.conflict(f"The vGPUs of {locked.vm.name} or the GPUs of {locked.requested_profile.gpu_model.name} "
+                             "changed while the approval waited for them; try again.")
+    return locked
 
 
 def approve(request: ResizeRequest, admin, comment: str = "") -> ResizeRequest:
     """Apply `request` in one transaction, or raise FleetConflict leaving it pending with `last_error`."""
     try:
+        touched = _touched(request)
         with transaction.atomic():
-            locked = ResizeRequest.objects.select_for_update().select_related(
-                "vm", "requested_profile").get(pk=request.pk)
-            if locked.status != ResizeStatus.PENDING:
-                raise services.FleetConflict([Violation(
-                    placement.Rule.PLACEMENT_SLOT, f"The request is {locked.status} already.")])
+            locked = _lock_for_approval(request, touched)
             before = audit.snapshot(locked)
             with audit.because(f"resize request #{locked.pk}"):
                 _place_all(locked)
@@ -200,10 +249,7 @@ def approve(request: ResizeRequest, admin, comment: str = "") -> ResizeRequest:
 
 def _decide(request: ResizeRequest, user, status: str, verb: str, comment: str) -> ResizeRequest:
     with transaction.atomic():
-        locked = ResizeRequest.objects.select_for_update().select_related("vm", "requested_profile").get(pk=request.pk)
-        if locked.status != ResizeStatus.PENDING:
-            raise services.FleetConflict([Violation(
-                placement.Rule.PLACEMENT_SLOT, f"The request is {locked.status} already.")])
+        locked = _pending(locks.lock_for_change(requests=[request]).requests[request.pk])
         before = audit.snapshot(locked)
         locked.status, locked.decided_by, locked.decided_at = status, user, timezone.now()
         locked.decision_comment = comment
@@ -260,8 +306,10 @@ def fits(request: ResizeRequest) -> Fit:
     old_gpu_ids = set(Gpu.objects.filter(vgpus__vm=request.vm).values_list("pk", flat=True))
     old_host_id = VirtualMachine.objects.filter(pk=request.vm_id).values_list("host_id", flat=True).first()
     try:
+        touched = _touched(request)
+        # A dry run writes (and rolls back), so it locks as approval does, in the same order.
         with read_cache.writes_rolled_back(), transaction.atomic():
-            placed = _place_all(ResizeRequest.objects.select_related("vm", "requested_profile").get(pk=request.pk))
+            placed = _place_all(_lock_for_approval(request, touched))
             raise _Rollback(placed)
     except _Rollback as result:
         gpu_ids = {v.gpu_id for v in result.placed}

@@ -33,7 +33,7 @@ from django.db import transaction
 from django.db.models import Count, Min
 from django.utils import timezone
 
-from fleet import audit, scheduler
+from fleet import audit, locks, scheduler
 from fleet.choices import AuditSource, GpuMode, SchedulerApplyState, SchedulerScope
 from fleet.models import Gpu, GpuModel, Host, SchedulerPolicy, Vgpu
 from fleet.scheduler import FieldError, SchedulerSettings
@@ -175,9 +175,7 @@ def set_gpu_policy(gpu: Gpu, values: SchedulerSettings, user=None) -> SchedulerP
     row is locked so a placement cannot slip in between the count and the write.
     """
     with transaction.atomic():
-        # Only the GPU row: place_vgpu locks host then GPU, so also locking the joined host here
-        # (one statement, no defined order) could deadlock with it.
-        locked = Gpu.objects.select_for_update(of=("self",)).get(pk=gpu.pk)
+        locked = locks.lock_for_change(gpus=[gpu]).gpus[gpu.pk]
         if locked.mode != GpuMode.VGPU:
             raise SchedulerValidationError([FieldError("policy", "The GPU is in passthrough mode; only a GPU in "
                                                                  "vGPU mode has a vGPU scheduler.")])
@@ -201,8 +199,8 @@ def set_default(target: Host | GpuModel, values: SchedulerSettings, user=None) -
     _validated(values, size_mode)
     with transaction.atomic():
         lookup = {"host": target} if scope == SchedulerScope.HOST else {"gpu_model": target}
-        row = (SchedulerPolicy.objects.select_for_update().filter(**lookup).first()
-               or SchedulerPolicy(scope=scope, **lookup))
+        row = next(iter(locks.lock_rows(SchedulerPolicy.objects.filter(**lookup))), None) or SchedulerPolicy(
+            scope=scope, **lookup)
         return _write(row, values, user, SchedulerApplyState.DESIRED, "")
 
 
@@ -328,14 +326,15 @@ def apply_through_agent(gpu: Gpu, user=None) -> SchedulerPolicy:
     if view.source != SchedulerScope.GPU:
         set_gpu_policy(gpu, view.desired, user)
     with transaction.atomic():
-        row = SchedulerPolicy.objects.select_for_update().get(gpu=gpu)
+        row = locks.lock_rows(SchedulerPolicy.objects.filter(gpu=gpu))[0]
         row.apply_state, row.apply_detail = SchedulerApplyState.APPLYING, f"sent to agent {agent.name}"
         row.save(update_fields=["apply_state", "apply_detail", "updated_at"])
     before = audit.snapshot(row)
     answer = put_scheduler(agent, gpu.uuid, settings_of(row))
     message = answer.document.get("error", "")
     with transaction.atomic():
-        row = SchedulerPolicy.objects.select_for_update().get(pk=row.pk)
+        # The GPU row before its policy (fleet.locks' order): a reading the agent returns is written to it.
+        row = locks.lock_for_change(gpus=[gpu], then=[SchedulerPolicy.objects.filter(pk=row.pk)]).then[0][0]
         if answer.status == 200:
             row.apply_state, row.applied_at = SchedulerApplyState.APPLIED, timezone.now()
             row.apply_detail = f"applied by agent {agent.name}"

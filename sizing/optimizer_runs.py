@@ -33,9 +33,9 @@ from django.db.models.fields.json import KeyTransform
 from django.utils import timezone
 
 from config.celery import QueueUnavailable, send_from_request
-from fleet import audit, services
+from fleet import audit, locks, services
 from fleet.choices import ResizeStatus
-from fleet.models import Gpu, Host, ResizeRequest, Vgpu, VgpuProfile, VirtualMachine
+from fleet.models import Gpu, ResizeRequest, Vgpu, VgpuProfile, VirtualMachine
 from fleet.placement import PlacementError, Violation
 from sizing import optimizer
 from sizing.models import OptimizerRun, OptimizerStatus, Suggestion, SuggestionAction
@@ -467,20 +467,32 @@ def _vms_to_replace(run: OptimizerRun, planned: list[PlannedVgpu]) -> set[int]:
     return moved | {vm_id for vm_id, pairs in wanted.items() if sorted(pairs) != sorted(held.get(vm_id, []))}
 
 
-def _lock_in_service_order(planned: list[PlannedVgpu], replaced: set[int]) -> None:
-    """Lock every host, GPU and VM the plan touches, in the order `fleet.services` locks them
-    (host, GPU, VM; by id within each), before the first removal. The services lock rows one
-    placement at a time; holding a VM from a removal while waiting for a host another request
-    holds, which in turn waits for that VM, would deadlock."""
+def _lock_in_service_order(run: OptimizerRun, planned: list[PlannedVgpu], replaced: set[int],
+                           request_ids: list[int]) -> locks.Locked:
+    """Lock every host, GPU, VM and vGPU the plan touches, the resize requests it carries out and
+    the run itself, in `fleet.locks`' order, before the first removal: the services then lock only
+    rows already held. (Locking a VM for a removal, then waiting for a host that an approval
+    holds while it waits for that VM, is the deadlock this prevents.)"""
     gpu_ids = set(Vgpu.objects.filter(vm_id__in=replaced).values_list("gpu_id", flat=True))
     gpu_ids |= {item.gpu_id for item in planned if item.vm_id in replaced}
     host_ids = set(Gpu.objects.filter(pk__in=gpu_ids).values_list("host_id", flat=True))
     host_ids |= set(VirtualMachine.objects.filter(pk__in=replaced, host__isnull=False).values_list("host_id",
                                                                                                     flat=True))
-    list(Host.objects.select_for_update().filter(pk__in=host_ids).order_by("pk").values_list("pk", flat=True))
-    list(Gpu.objects.select_for_update().filter(pk__in=gpu_ids).order_by("pk").values_list("pk", flat=True))
-    list(VirtualMachine.objects.select_for_update().filter(pk__in=replaced).order_by("pk").values_list("pk",
-                                                                                                      flat=True))
+    try:
+        return locks.lock_for_change(hosts=host_ids, gpus=gpu_ids, vms=replaced,
+                                     vgpus=Vgpu.objects.filter(vm_id__in=replaced), requests=request_ids,
+                                     then=[OptimizerRun.objects.filter(pk=run.pk)])
+    except services.FleetConflict as exc:
+        raise PlanConflict(f"{exc} Nothing was changed; run the optimizer again.") from exc
+
+
+def _check_appliable(run: OptimizerRun) -> None:
+    if run.status == OptimizerStatus.APPLIED:
+        raise PlanConflict(f"Optimizer run #{run.pk} was applied already.")
+    if run.status != OptimizerStatus.DONE:
+        raise PlanConflict(
+            f"Optimizer run #{run.pk} is {run.get_status_display().lower()}; only a finished plan can be applied.",
+        )
 
 
 def included_request_ids(run: OptimizerRun) -> list[int]:
@@ -504,29 +516,29 @@ def apply_run(run: OptimizerRun, user) -> ApplyOutcome:
     marks the included resize requests approved and the run applied. Any refusal rolls all of
     it back and raises PlanConflict with the violations.
     """
+    run = OptimizerRun.objects.get(pk=run.pk)  # locked below, after the fleet's rows
+    _check_appliable(run)
+    planned = _planned_vgpus(run)
+    replaced = _vms_to_replace(run, planned)
+    request_ids = included_request_ids(run)
     with transaction.atomic():
-        run = OptimizerRun.objects.select_for_update().get(pk=run.pk)
-        if run.status == OptimizerStatus.APPLIED:
-            raise PlanConflict(f"Optimizer run #{run.pk} was applied already.")
-        if run.status != OptimizerStatus.DONE:
-            raise PlanConflict(
-                f"Optimizer run #{run.pk} is {run.get_status_display().lower()}; only a finished plan can be applied.",
-            )
-        planned = _planned_vgpus(run)
-        replaced = _vms_to_replace(run, planned)
-        _lock_in_service_order(planned, replaced)
+        locked = _lock_in_service_order(run, planned, replaced, request_ids)
+        if not locked.then[0]:
+            raise PlanConflict(f"Optimizer run #{run.pk} was deleted meanwhile.")
+        run = locked.then[0][0]
+        _check_appliable(run)  # applied by another admin while this one waited
+        requests = [locked.requests[pk] for pk in request_ids]
+        decided = [r for r in requests if r.status != ResizeStatus.PENDING]
+        if decided:
+            which = ", ".join(f"#{r.pk}" for r in decided)
+            how = ", ".join(f"#{r.pk} {r.get_status_display().lower()}{f' by {r.decided_by}' if r.decided_by else ''}"
+                            for r in decided)
+            raise PlanConflict(f"Resize request {which} was decided since this plan was computed ({how}); "
+                               f"run the optimizer again.")
         if fleet_changed_since(run):
             raise PlanConflict(FLEET_CHANGED)
-        request_ids = included_request_ids(run)
-        requests = list(ResizeRequest.objects.select_for_update().filter(pk__in=request_ids).order_by("pk"))
-        decided = [r for r in requests if r.status != ResizeStatus.PENDING]
-        if decided or len(requests) != len(request_ids):
-            which = ", ".join(f"#{r.pk}" for r in decided) or "a request"
-            raise PlanConflict(f"Resize request {which} was decided or deleted since this plan was computed; "
-                               f"run the optimizer again.")
 
-        for vgpu in Vgpu.objects.filter(vm_id__in=replaced).order_by("vm_id", "pk"):
-            services.remove_vgpu(vgpu)
+        services.remove_vgpus(Vgpu.objects.filter(vm_id__in=replaced).order_by("vm_id", "pk"))
         todo = [item for item in planned if item.vm_id in replaced]
         vms = VirtualMachine.objects.in_bulk({item.vm_id for item in todo})
         gpus = Gpu.objects.select_related("host", "gpu_model").in_bulk({item.gpu_id for item in todo})

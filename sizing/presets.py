@@ -10,7 +10,7 @@ edit the rows afterwards.
 
 from django.db import transaction
 
-from fleet import audit
+from fleet import audit, locks
 from sizing.models import WorkflowPreset
 
 GIB = 1024
@@ -47,8 +47,8 @@ def save_preset(preset: WorkflowPreset, **fields) -> WorkflowPreset:
     with transaction.atomic():
         before = None
         if preset.pk is not None:
-            stored = WorkflowPreset.objects.select_for_update().filter(pk=preset.pk).first()
-            before = audit.snapshot(stored)
+            stored = locks.lock_rows(WorkflowPreset.objects.filter(pk=preset.pk))
+            before = audit.snapshot(stored[0] if stored else None)
         for name, value in fields.items():
             setattr(preset, name, value)
         preset.save()

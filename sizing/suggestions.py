@@ -30,9 +30,9 @@ from django.db import transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
-from fleet import audit
+from fleet import audit, locks
 from fleet.choices import ResizeStatus
-from fleet.models import ResizeRequest, Vgpu, VirtualMachine
+from fleet.models import ResizeRequest, Vgpu
 from sizing import engine
 from sizing.impact import ImpactCalculator
 from sizing.models import Suggestion, SuggestionAction
@@ -235,12 +235,13 @@ def _record(verb: str, suggestion: Suggestion, before: dict, comment: str = "") 
 
 
 def _locked_suggestion(suggestion: Suggestion) -> Suggestion:
-    """The suggestion's row, locked, after its VM's row (the order the fleet's services take:
-    the VM before what hangs off it), so two admins acting on one VM queue up."""
-    VirtualMachine.objects.select_for_update().filter(pk=suggestion.vm_id).values_list("pk").first()
-    return Suggestion.objects.select_for_update(of=("self",)).select_related(
-        "vm", "current_profile", "suggested_profile",
-    ).get(pk=suggestion.pk)
+    """The suggestion's row, locked, after its VM's row (`fleet.locks`' order: the VM before what
+    hangs off it), so two admins acting on one VM queue up."""
+    rows = locks.lock_for_change(vms=[suggestion.vm_id], then=[Suggestion.objects.select_related(
+        "vm", "current_profile", "suggested_profile").filter(pk=suggestion.pk)]).then[0]
+    if not rows:
+        raise Suggestion.DoesNotExist(f"suggestion #{suggestion.pk} was deleted")
+    return rows[0]
 
 
 def _check_shown(suggestion: Suggestion, evidence_key: str) -> None:

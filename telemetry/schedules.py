@@ -13,6 +13,8 @@ import math
 from django.conf import settings
 from django.db import DEFAULT_DB_ALIAS, connections, transaction
 
+from fleet import locks
+
 POLL_AGENTS = "poll_agents"
 
 
@@ -30,7 +32,7 @@ def ensure_periodic_task(name: str, task: str, every_s: float, expires_s: float 
     if expires_s is None:
         expires_s = every * 0.9
     with transaction.atomic():
-        existing = PeriodicTask.objects.select_for_update().filter(name=name).first()
+        existing = next(iter(locks.lock_rows(PeriodicTask.objects.filter(name=name))), None)
         if existing is not None:
             if existing.task != task:
                 existing.task = task

@@ -11,7 +11,7 @@ from django.db import transaction
 from django.db.models import QuerySet
 from django.utils import timezone
 
-from fleet import audit
+from fleet import audit, locks
 from telemetry.models import Agent, Drift
 
 #: An agent's configuration as events show it (what an admin sets, nothing the collector writes).
@@ -28,7 +28,8 @@ def save_agent(agent: Agent, **fields) -> Agent:
     with transaction.atomic():
         before = None
         if agent.pk is not None:
-            before = agent_snapshot(Agent.objects.select_for_update().filter(pk=agent.pk).first())
+            stored = locks.lock_rows(Agent.objects.filter(pk=agent.pk))
+            before = agent_snapshot(stored[0] if stored else None)
         for name, value in fields.items():
             setattr(agent, name, value)
         agent.save()
@@ -64,8 +65,8 @@ def set_enabled(agents: QuerySet[Agent], enabled: bool) -> int:
     Returns how many changed."""
     with transaction.atomic():
         # A fresh queryset: the changelist's joins its nullable host, which FOR UPDATE refuses.
-        rows = Agent.objects.select_for_update().filter(pk__in=list(agents.values_list("pk", flat=True)))
-        changing = list(rows.exclude(enabled=enabled).order_by("pk"))
+        rows = Agent.objects.filter(pk__in=list(agents.values_list("pk", flat=True)))
+        changing = locks.lock_rows(rows.exclude(enabled=enabled))
         events = []
         for agent in changing:
             before = agent_snapshot(agent)
@@ -81,8 +82,8 @@ def resolve_drifts(drifts: QuerySet[Drift]) -> int:
     Returns how many were open."""
     now = timezone.now()
     with transaction.atomic():
-        rows = Drift.objects.select_for_update().filter(pk__in=list(drifts.values_list("pk", flat=True)))
-        open_rows = list(rows.filter(resolved_at__isnull=True).order_by("pk"))
+        rows = Drift.objects.filter(pk__in=list(drifts.values_list("pk", flat=True)))
+        open_rows = locks.lock_rows(rows.filter(resolved_at__isnull=True))
         events = []
         for drift in open_rows:
             before = audit.snapshot(drift, ["agent", "kind", "subject", "resolved_at"])

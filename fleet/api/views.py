@@ -60,32 +60,44 @@ class FleetViewSetMixin(CachedListMixin):
     def _reload(self, serializer) -> None:
         serializer.instance = self.get_queryset().get(pk=serializer.instance.pk)
 
+    # Rows saved through fleet.services are saved outside any transaction of the view's: the
+    # service reads what the change rests on before its own transaction and its row locks, so
+    # what changed while it waited for them is told apart (409) from a refused change (400).
+
     def perform_create(self, serializer) -> None:
-        with transaction.atomic():
+        if audit.object_type_of(serializer.Meta.model) in CREATED_BY_SERVICES:
             serializer.save()
-            if audit.object_type_of(serializer.instance) not in CREATED_BY_SERVICES:
+        else:
+            with transaction.atomic():
+                serializer.save()
                 kind = audit.object_type_of(serializer.instance)
                 audit.record(f"{kind}.create", serializer.instance, after=audit.snapshot(serializer.instance),
                              object_type=kind)
         self._reload(serializer)
 
     def perform_update(self, serializer) -> None:
-        with transaction.atomic():
-            before = audit.snapshot(serializer.instance)
+        if audit.object_type_of(serializer.instance) in UPDATED_BY_SERVICES:
             serializer.save()
-            after = audit.snapshot(serializer.instance)
-            if audit.object_type_of(serializer.instance) not in UPDATED_BY_SERVICES and audit.changed(before, after):
-                audit.record(f"{audit.object_type_of(serializer.instance)}.update", serializer.instance,
-                             before=before, after=after, object_type=audit.object_type_of(serializer.instance))
+        else:
+            with transaction.atomic():
+                before = audit.snapshot(serializer.instance)
+                serializer.save()
+                after = audit.snapshot(serializer.instance)
+                if audit.changed(before, after):
+                    kind = audit.object_type_of(serializer.instance)
+                    audit.record(f"{kind}.update", serializer.instance, before=before, after=after, object_type=kind)
         self._reload(serializer)
 
     def perform_destroy(self, instance) -> None:
         before, pk, name = audit.snapshot(instance), instance.pk, str(instance)
+        kind = audit.object_type_of(instance)
         try:
-            with transaction.atomic():
-                instance.delete()
-                kind = audit.object_type_of(instance)
-                audit.record(f"{kind}.delete", before=before, object_type=kind, object_id=pk, object_repr=name)
+            if kind in DELETED_BY_SERVICES:
+                services.delete_inventory([instance])
+            else:
+                with transaction.atomic():
+                    instance.delete()
+                    audit.record(f"{kind}.delete", before=before, object_type=kind, object_id=pk, object_repr=name)
         except ProtectedError as exc:
             raise Conflict(in_use_message(exc, instance)) from exc
 
@@ -93,6 +105,8 @@ class FleetViewSetMixin(CachedListMixin):
 #: Saved through fleet.services, which records the change itself (the serializers' create/update).
 CREATED_BY_SERVICES = frozenset({"host", "gpu", "vgpu"})
 UPDATED_BY_SERVICES = frozenset({"host", "gpu", "vm"})
+#: Deleted through `services.delete_inventory`, which locks them in lock order first.
+DELETED_BY_SERVICES = frozenset({"host", "gpu", "vm"})
 
 
 class FleetViewSet(FleetViewSetMixin, viewsets.ModelViewSet):
@@ -120,12 +134,14 @@ class VgpuProfileViewSet(FleetViewSet):
 
 
 _capacity_refused = {400: RULE_REFUSED}
+#: An update re-checks under the row's lock: what changed while it waited for it is a 409.
+_capacity_refused_or_changed = {400: RULE_REFUSED, 409: FLEET_CHANGED}
 
 
 @extend_schema_view(
     create=extend_schema(responses={201: serializers.HostSerializer, **_capacity_refused}),
-    update=extend_schema(responses={200: serializers.HostSerializer, **_capacity_refused}),
-    partial_update=extend_schema(responses={200: serializers.HostSerializer, **_capacity_refused}),
+    update=extend_schema(responses={200: serializers.HostSerializer, **_capacity_refused_or_changed}),
+    partial_update=extend_schema(responses={200: serializers.HostSerializer, **_capacity_refused_or_changed}),
     destroy=extend_schema(responses={204: None, 409: IN_USE}),
 )
 class HostViewSet(FleetViewSet):
@@ -140,8 +156,8 @@ class HostViewSet(FleetViewSet):
 
 @extend_schema_view(
     create=extend_schema(responses={201: serializers.GpuSerializer, **_capacity_refused}),
-    update=extend_schema(responses={200: serializers.GpuSerializer, **_capacity_refused}),
-    partial_update=extend_schema(responses={200: serializers.GpuSerializer, **_capacity_refused}),
+    update=extend_schema(responses={200: serializers.GpuSerializer, **_capacity_refused_or_changed}),
+    partial_update=extend_schema(responses={200: serializers.GpuSerializer, **_capacity_refused_or_changed}),
     destroy=extend_schema(responses={204: None, 409: IN_USE}),
 )
 class GpuViewSet(FleetViewSet):
@@ -170,8 +186,10 @@ class ArtistViewSet(FleetViewSet):
 
 
 @extend_schema_view(
-    update=extend_schema(responses={200: serializers.VirtualMachineSerializer, **_capacity_refused}),
-    partial_update=extend_schema(responses={200: serializers.VirtualMachineSerializer, **_capacity_refused}),
+    update=extend_schema(responses={200: serializers.VirtualMachineSerializer, **_capacity_refused_or_changed}),
+    partial_update=extend_schema(responses={200: serializers.VirtualMachineSerializer,
+                                            **_capacity_refused_or_changed}),
+    destroy=extend_schema(responses={204: None, 409: FLEET_CHANGED}),
 )
 class VirtualMachineViewSet(FleetViewSet):
     """Virtual workstations with their vGPUs; an artist sees only their own. A VM's host is set
@@ -193,6 +211,7 @@ class VirtualMachineViewSet(FleetViewSet):
     destroy=extend_schema(
         summary="Remove a vGPU",
         description="A VM left without vGPUs leaves its host.",
+        responses={204: None, 409: FLEET_CHANGED},
     ),
 )
 class VgpuViewSet(FleetViewSetMixin, mixins.CreateModelMixin, mixins.RetrieveModelMixin,

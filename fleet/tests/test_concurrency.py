@@ -10,6 +10,7 @@ or the loser is refused by the database constraint rather than by the rules.
 from __future__ import annotations
 
 import contextlib
+import functools
 import threading
 
 import pytest
@@ -20,6 +21,7 @@ from fleet.models import Vgpu, VirtualMachine
 from fleet.placement import PlacementError, Rule
 from fleet.services import FleetConflict
 from fleet.tests.factories import GpuFactory, HostFactory, VirtualMachineFactory, profile
+from fleet.tests.lock_race import outcome_of, run_in_threads
 
 # serialized_rollback: these tests commit, and the flush afterwards would take the catalog
 # (loaded by a data migration) away from the tests that run after them.
@@ -58,20 +60,14 @@ def race(*calls):
     outcomes: list[object] = [None] * len(calls)
 
     def run(index, call):
-        try:
+        def released():
             barrier.wait(timeout=10)
-            outcomes[index] = call()
-        except Exception as exc:  # reported to the test, which decides
-            outcomes[index] = exc
-        finally:
-            connection.close()
+            return call()
 
-    threads = [threading.Thread(target=run, args=(i, call)) for i, call in enumerate(calls)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=60)
-    assert not any(thread.is_alive() for thread in threads), "a racing request hung"
+        outcomes[index] = outcome_of(released)
+        connection.close()
+
+    run_in_threads(*[functools.partial(run, index, call) for index, call in enumerate(calls)])
     return outcomes
 
 

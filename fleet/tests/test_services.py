@@ -409,3 +409,52 @@ def test_update_host_renames_a_host_already_over_capacity(db):
         services.update_host(host, ram_gib=32)
     assert refused.value.rules == ["host_vcpu", "host_ram"]
     assert Host.objects.get(pk=host.pk).ram_gib == 64
+
+
+# Rows that went away while a change was on its way ------------------------------------------
+
+def test_editing_a_vm_deleted_since_it_was_loaded_is_a_conflict_and_does_not_bring_it_back():
+    """An edit form left open on a VM another admin deleted: saving it used to re-insert the VM
+    (Django saves a loaded object whose row is gone as a new one)."""
+    vm = VirtualMachineFactory(name="ws-gone")
+    stale = VirtualMachine.objects.get(pk=vm.pk)
+    vm.delete()
+
+    with pytest.raises(FleetConflict) as conflict:
+        services.update_vm(stale, vcpus=16)
+
+    assert str(conflict.value) == "VM ws-gone was deleted meanwhile; reload and try again."
+    assert conflict.value.rules == [Rule.FLEET_CHANGED]
+    assert not VirtualMachine.objects.filter(pk=vm.pk).exists()
+
+
+def test_removing_a_vgpu_removed_meanwhile_is_a_conflict_naming_it():
+    vgpu = services.place_vgpu(VirtualMachineFactory(name="ws-twice"), GpuFactory(), profile("RTX6000-12Q"))
+    services.remove_vgpu(vgpu)
+
+    with pytest.raises(FleetConflict, match=r"^vGPU RTX6000-12Q for ws-twice was removed meanwhile; reload"):
+        services.remove_vgpu(vgpu)
+
+
+def test_placing_on_a_gpu_deleted_since_it_was_loaded_is_a_conflict():
+    gpu = GpuFactory(pci_bus_id="00000000:AF:00.0")
+    stale = Gpu.objects.get(pk=gpu.pk)
+    gpu.delete()
+    vm = VirtualMachineFactory()
+
+    with pytest.raises(FleetConflict, match="was deleted meanwhile; reload and try again"):
+        services.place_vgpu(vm, stale, profile("RTX6000-12Q"))
+    assert _host_of(vm) is None
+
+
+def test_removing_several_vgpus_removes_all_or_none():
+    """The admin's "Delete selected" on vGPUs of two VMs: one of them already went, so none is removed."""
+    first, second = _place(GpuFactory(), "RTX6000-12Q"), _place(GpuFactory(), "RTX6000-12Q")
+    services.remove_vgpu(second)
+
+    with pytest.raises(FleetConflict):
+        services.remove_vgpus([first, second])
+    assert Vgpu.objects.filter(pk=first.pk).exists()
+
+    services.remove_vgpus([first])
+    assert _host_of(first.vm) is None

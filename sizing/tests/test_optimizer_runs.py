@@ -10,9 +10,10 @@ from django.utils import timezone
 
 from fleet import services
 from fleet.choices import ResizeStatus
-from fleet.models import ResizeRequest, Vgpu
+from fleet.models import Gpu, Host, ResizeRequest, Vgpu, VirtualMachine
 from fleet.placement import Rule, Violation
 from fleet.tests.factories import GpuFactory, VirtualMachineFactory, profile
+from fleet.tests.lock_race import assert_lock_order, record_locks
 from sizing import optimizer, optimizer_runs, tasks
 from sizing.models import OptimizerRun, OptimizerStatus, SuggestionAction
 from sizing.queries import fleet_snapshot
@@ -296,6 +297,17 @@ def test_applying_moves_the_vgpus_and_approves_the_requests(admin_user, queued):
     assert outcome.approved_request_ids == [world.request.pk]
     assert outcome.vms_moved == len(plan["moves"])
     assert fleet_snapshot().gpus_in_use() == 2
+
+
+def test_applying_locks_every_row_in_the_fleets_lock_order(admin_user, queued, monkeypatch):
+    """Hosts, GPUs, VMs, vGPUs, then the requests and the run: the services it calls then only
+    lock rows it holds, so a plan never deadlocks with an approval or an edit (test_optimizer_race)."""
+    fleet_with_request(admin_user)
+    run = finished_run(admin_user)
+    calls = record_locks(monkeypatch)
+    optimizer_runs.apply_run(run, admin_user)
+    assert_lock_order(calls)
+    assert [model for model, _ in calls[:6]] == [Host, Gpu, VirtualMachine, Vgpu, ResizeRequest, OptimizerRun]
 
 
 def test_a_plan_is_refused_once_the_fleet_changed(admin_user, queued):
