@@ -81,6 +81,7 @@ from django.db.models.functions import Lower
 
 from fleet import audit
 from fleet.choices import AuditSource, GpuMode
+from fleet.locks import lock_rows
 from fleet.models import Gpu, GpuModel, Host, Vgpu, VirtualMachine
 from telemetry.models import Agent, Drift, DriftKind, GpuSample, VgpuSample
 from telemetry.payload import GpuReading, Report, VgpuReading, model_key, profile_key
@@ -572,6 +573,9 @@ class _Batch:
                 self._audit(agent, "gpu.update", holder, before)
                 self.gpus[uuid] = holder
         if adopted:
+            # In the fleet's lock order (fleet.locks), so a placement holding some of these GPUs
+            # makes this batch wait instead of closing a circle with it.
+            lock_rows(Gpu.objects.filter(pk__in=[gpu.pk for gpu in adopted]))
             Gpu.objects.bulk_update(adopted, ["uuid"])
         if not pending:
             return
@@ -791,6 +795,7 @@ class _Batch:
         changed = [Gpu(pk=pk, scheduler_reported=reading, scheduler_reported_at=self.now)
                    for pk, reading in self.schedulers.items() if pk in stored and stored[pk] != reading]
         if changed:
+            lock_rows(Gpu.objects.filter(pk__in=[gpu.pk for gpu in changed]))  # fleet.locks' order, as above
             Gpu.objects.bulk_update(changed, ["scheduler_reported", "scheduler_reported_at"])
 
     def _write_scheduler_write_flags(self) -> None:
