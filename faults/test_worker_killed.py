@@ -3,7 +3,7 @@ kernel's OOM killer or `docker kill` would).
 
 The moment is made deterministic without a hook in the product: the test holds row locks on
 the GPUs, so the worker's ingest, having already inserted the batch's samples in its
-transaction, waits on the GPU update that follows them (a changed scheduler reading).
+transaction, waits to lock the GPU rows it updates next (a changed scheduler reading).
 PostgreSQL shows that wait in pg_stat_activity; the worker is killed then.
 
 What must hold: the batch is stored entirely or not at all (one transaction per batch), the
@@ -51,7 +51,8 @@ def test_a_worker_killed_mid_batch_leaves_no_partial_batch_and_the_next_one_stor
             def ingest_waiting() -> list[int]:
                 return [pid for (pid,) in admin.execute(
                     "SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
-                    "AND wait_event_type = 'Lock' AND query ILIKE 'UPDATE %%fleet_gpu%%'")]
+                    "AND wait_event_type = 'Lock' AND (query ILIKE 'UPDATE %%fleet_gpu%%' "
+                    "OR query ILIKE '%%FROM %%fleet_gpu%%FOR NO KEY UPDATE%%')")]
 
             assert wait_for(ingest_waiting, 30), f"no ingest reached the GPU update\n{stack.outputs()}"
             blocked = ingest_waiting()
