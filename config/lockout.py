@@ -33,6 +33,8 @@ from django.shortcuts import render
 
 LOCKED_OUT = "Too many failed sign-ins; try again in {minutes} minute{s}."
 ADDRESS_LOCKED_OUT = "Too many failed sign-ins from your network address; try again in {minutes} minute{s}."
+#: Django's User.username holds at most 150 characters.
+USERNAME_MAX_CHARS = 150
 
 
 class SignInThrottleBackend(AxesStandaloneBackend):
@@ -124,6 +126,17 @@ def client_address(request) -> str | None:
         return str(ipaddress.ip_address(entries[-count]))
     except ValueError:
         return peer
+
+
+def username_of(request, credentials=None) -> str | None:
+    """The user name a failure counts against (AXES_USERNAME_CALLABLE): as the form sent it, cut
+    to the longest a user name can be and without NUL characters. Django's sign-in form hands any
+    length on to `authenticate()`, and axes stored it as it came: PostgreSQL refused a name of
+    5,000 characters or with a NUL in it, and the sign-in answered 500."""
+    username = (credentials or {}).get("username") if credentials else request.POST.get("username")
+    if username is None:
+        return None
+    return str(username).replace("\x00", "")[:USERNAME_MAX_CHARS]
 
 
 def lockout_minutes(request) -> int:

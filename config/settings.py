@@ -215,6 +215,12 @@ REST_FRAMEWORK = {
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
     "DEFAULT_PAGINATION_CLASS": "fleet.api.pagination.FleetPagination",
+    # DRF's parsers, with a nesting limit on JSON bodies (config/api.py).
+    "DEFAULT_PARSER_CLASSES": [
+        "config.api.JSONParser",
+        "rest_framework.parsers.FormParser",
+        "rest_framework.parsers.MultiPartParser",
+    ],
     "DEFAULT_FILTER_BACKENDS": [
         "django_filters.rest_framework.DjangoFilterBackend",
         "rest_framework.filters.OrderingFilter",
@@ -448,6 +454,8 @@ AXES_COOLOFF_TIME = timedelta(minutes=env_float("AXES_COOLOFF_MINUTES", 15))
 AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
 AXES_RESET_ON_SUCCESS = True
 AXES_LOCKOUT_CALLABLE = "config.lockout.lockout_response"
+# The user name as typed, cut to a user name's length: axes would store 5,000 characters as sent.
+AXES_USERNAME_CALLABLE = "config.lockout.username_of"
 # Which address a failure counts against (config/lockout.py client_address): the connection's,
 # or behind TRUSTED_PROXY_COUNT reverse proxies that append to X-Forwarded-For (nginx's
 # $proxy_add_x_forwarded_for, Traefik), the one the outermost of them saw. Leave it 0 unless

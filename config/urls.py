@@ -48,3 +48,8 @@ urlpatterns = [
     path("healthz", healthz, name="healthz"),
     path("metrics", metrics_view, name="metrics"),
 ]
+
+# Under /api/ a path no route matches (and Django's own 400 and 500) answers JSON (config/api.py).
+handler400 = "config.api.bad_request"
+handler404 = "config.api.page_not_found"
+handler500 = "config.api.server_error"

@@ -11,6 +11,8 @@ through `fleet.api_tokens`; a new token's key is shown once.
 
 from __future__ import annotations
 
+from axes import admin as _axes_admin  # noqa: F401 - registers axes' admins first
+from axes.models import AccessAttempt, AccessFailureLog, AccessLog
 from django.contrib import admin
 from django.db import transaction
 from django.db.models import Count, IntegerField, OuterRef, Prefetch, Subquery, Sum
@@ -20,6 +22,7 @@ from django.urls import reverse
 from django.utils.cache import add_never_cache_headers
 from django.utils.html import format_html
 
+from config.admin_input import SafeInputAdminMixin, guard_registered
 from fleet import api_tokens, placement, services
 from fleet.admin_audit import AuditedAdmin
 from fleet.forms import (
@@ -54,7 +57,7 @@ class SaveRefused(Exception):
         super().__init__("; ".join(messages))
 
 
-class RuleGovernedAdmin(admin.ModelAdmin):
+class RuleGovernedAdmin(SafeInputAdminMixin, admin.ModelAdmin):
     """An admin whose form saves through a service (the form's `save()` returns None when refused).
 
     The service records the save; hosts, GPUs and VMs are deleted (and the deletion recorded) by
@@ -410,3 +413,8 @@ class ApiTokenAdmin(admin.ModelAdmin):
         with transaction.atomic():
             for token in queryset.select_related("user").order_by("pk"):
                 api_tokens.revoke_token(token)
+
+
+# django-axes' records of sign-ins (config/lockout.py), registered by axes itself (importing its
+# admin module registers them): their date hierarchy refuses impossible dates (config.admin_input).
+guard_registered(admin.site, [AccessAttempt, AccessLog, AccessFailureLog])

@@ -12,6 +12,7 @@ from __future__ import annotations
 from django.contrib import admin
 from django.db import router, transaction
 
+from config.admin_input import SafeInputAdminMixin
 from fleet import audit
 from fleet.models import AuditEvent
 
@@ -45,9 +46,10 @@ class AuditedDeleteMixin:
             audit.record_many(events)
 
 
-class AuditedAdmin(AuditedDeleteMixin, admin.ModelAdmin):
+class AuditedAdmin(SafeInputAdminMixin, AuditedDeleteMixin, admin.ModelAdmin):
     """A ModelAdmin whose saves and deletions write audit events (a save that changed nothing,
-    like a list_editable row left alone, writes none)."""
+    like a list_editable row left alone, writes none); bad input in its filters and autocomplete
+    fields is refused as the admin refuses any (config.admin_input)."""
 
     def save_model(self, request, obj, form, change):
         before = stored_snapshot(obj) if change else None

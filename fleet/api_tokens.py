@@ -104,7 +104,7 @@ def find_to_revoke(id_or_prefix: str) -> ApiToken:
     are given, to name one by id)."""
     text = id_or_prefix.strip()
     rows: QuerySet[ApiToken] = ApiToken.objects.select_related("user").order_by("pk")
-    if text.isdigit() and len(text) < PREFIX_CHARS:
+    if text.isascii() and text.isdigit() and len(text) < PREFIX_CHARS:  # "²".isdigit() too
         rows = rows.filter(pk=int(text))
     elif len(text) == PREFIX_CHARS:
         rows = rows.filter(prefix=text.lower())

@@ -12,8 +12,10 @@ class FleetConfig(AppConfig):
         from django.db.backends.signals import connection_created
         from django.db.models.signals import post_migrate
 
-        from config import read_cache
+        from config import lookups, read_cache
 
+        # `pk__in=[10**30]` matches nothing instead of failing on SQLite (config/lookups.py).
+        lookups.install()
         # Every connection of every process reports its writes to the read cache.
         connection_created.connect(read_cache.install, dispatch_uid="read_cache.install")
         # A new release must not serve what the previous one computed (its fields, its pages).

@@ -10,15 +10,19 @@ from __future__ import annotations
 
 import logging
 
+from celery.schedules import ParseException
 from django.contrib import admin, messages
 from django.db import models, transaction
 from django.template.response import TemplateResponse
 from django.utils.cache import add_never_cache_headers
 from django.utils.html import format_html
 from django.utils.text import Truncator
+from django_celery_beat.admin import CrontabScheduleAdmin as BeatCrontabScheduleAdmin
 from django_celery_beat.admin import PeriodicTaskAdmin as BeatPeriodicTaskAdmin
-from django_celery_beat.models import PeriodicTask
+from django_celery_beat.admin import PeriodicTaskForm as BeatPeriodicTaskForm
+from django_celery_beat.models import ClockedSchedule, CrontabSchedule, IntervalSchedule, PeriodicTask, SolarSchedule
 
+from config.admin_input import SafeInputAdminMixin, guard_registered
 from config.celery import BROKER_UNREACHABLE
 from fleet.admin_audit import AuditedAdmin
 from telemetry import services
@@ -165,10 +169,23 @@ class VgpuSampleAdmin(ReadOnlySampleAdmin):
     search_fields = ["vm__name", "gpu__uuid"]
 
 
-class PeriodicTaskAdmin(BeatPeriodicTaskAdmin):
+class PeriodicTaskForm(BeatPeriodicTaskForm):
+    """django-celery-beat's, whose clean() read the custom task name even when its field had refused
+    it (a NUL, more than 200 characters): a KeyError, a 500 instead of the field's message."""
+
+    def clean(self):
+        if "task" not in self.cleaned_data and not self.cleaned_data.get("regtask"):
+            return self.cleaned_data
+        return super().clean()
+
+
+class PeriodicTaskAdmin(SafeInputAdminMixin, BeatPeriodicTaskAdmin):
     """django-celery-beat's admin of the periodic tasks, whose "Run selected tasks" answered 500
     while Redis was down: now it says the tasks could not be queued, as the dashboard's own
-    buttons do (config.celery.send_from_request)."""
+    buttons do (config.celery.send_from_request). Its date hierarchy refuses impossible dates
+    (config.admin_input)."""
+
+    form = PeriodicTaskForm
 
     @admin.action(description="Run selected tasks")
     def run_tasks(self, request, queryset):
@@ -184,3 +201,32 @@ class PeriodicTaskAdmin(BeatPeriodicTaskAdmin):
 
 admin.site.unregister(PeriodicTask)
 admin.site.register(PeriodicTask, PeriodicTaskAdmin)
+
+
+def crontab_in_words(schedule: CrontabSchedule) -> str:
+    """The schedule as django-celery-beat words it, or a note when celery cannot read it: a refused
+    form is shown again with the values typed, and the property raised celery's ParseException."""
+    try:
+        return schedule.human_readable
+    except (ValueError, ParseException):
+        return "(celery cannot read this schedule)"
+
+
+class CrontabScheduleAdmin(SafeInputAdminMixin, BeatCrontabScheduleAdmin):
+    """django-celery-beat's admin of crontab schedules, whose form, refused for a value celery
+    cannot read (`-1` as an hour), was shown again with a 500 instead of the field's message."""
+
+    list_display = ("__str__", "schedule_in_words")
+    fields = ("schedule_in_words", *BeatCrontabScheduleAdmin.fields[1:])
+    readonly_fields = ("schedule_in_words",)
+
+    @admin.display(description="Human readable")
+    def schedule_in_words(self, schedule: CrontabSchedule) -> str:
+        return crontab_in_words(schedule)
+
+
+admin.site.unregister(CrontabSchedule)
+admin.site.register(CrontabSchedule, CrontabScheduleAdmin)
+# django-celery-beat's other schedules, as it registers them, with their inline of tasks capped
+# and their filters guarded (config.admin_input).
+guard_registered(admin.site, [IntervalSchedule, SolarSchedule, ClockedSchedule])

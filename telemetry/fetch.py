@@ -225,7 +225,7 @@ def _read_body(conn, response, url: str, deadline: float, timeout_s: float, max_
             hint = " (the agent refused our bearer token: write the agent's current token to its token file)"
         raise FetchError(f"HTTP {response.status} {response.reason} from {url}{hint}{detail}")
     length = response.getheader("Content-Length")
-    if length and length.isdigit() and int(length) > max_bytes:
+    if length and length.isascii() and length.isdigit() and int(length) > max_bytes:
         raise FetchError(
             f"response of {int(length)} bytes from {url} exceeds the limit of {max_bytes} bytes "
             f"(TELEMETRY_MAX_RESPONSE_BYTES)"

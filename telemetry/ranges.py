@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
+from config import parsing
+
 PRESETS: dict[str, timedelta] = {
     "6h": timedelta(hours=6),
     "24h": timedelta(hours=24),
@@ -56,16 +58,12 @@ class TimeRange:
 
 
 def _parse(raw: str, name: str) -> datetime:
-    text = raw.strip()
+    """A moment of `?start=`, `?end=` or `?at=` (ISO 8601 or Unix seconds, as `config.parsing` reads
+    them; no offset means UTC), or RangeError naming the parameter."""
     try:
-        if text.endswith("Z"):
-            text = text[:-1] + "+00:00"
-        moment = datetime.fromisoformat(text)
-    except ValueError:
-        raise RangeError(f"{name} {raw!r} is not a date and time (use e.g. 2026-03-01T12:00).") from None
-    if moment.tzinfo is None:
-        moment = moment.replace(tzinfo=UTC)
-    return moment.astimezone(UTC)
+        return parsing.parse_time(raw)
+    except parsing.ParseError as exc:
+        raise RangeError(f"{name} {exc}") from None
 
 
 def resolve_range(params, now: datetime) -> TimeRange:

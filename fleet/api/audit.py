@@ -9,15 +9,16 @@ spreadsheet by `config.csv_export`; `?format=csv` on one event or on an error an
 
 from __future__ import annotations
 
-import datetime
 import json
 
 import django_filters
+from django import forms
 from django.db.models import Q
 from django.utils import timezone
 from rest_framework import serializers, viewsets
 from rest_framework.renderers import BrowsableAPIRenderer, JSONRenderer
 
+from config import parsing
 from config.csv_export import CsvRenderer, chunked, csv_response
 from fleet.api.caching import CachedListMixin
 from fleet.api.permissions import IsFleetAdmin
@@ -28,28 +29,22 @@ CSV_CHUNK_ROWS = 500
 CSV_COLUMNS = ("at", "actor", "source", "action", "object_type", "object_id", "object", "before", "after", "comment")
 
 
-def parse_time(value: str) -> datetime.datetime:
-    """ISO 8601 (a naive time is in the server's zone) or Unix seconds, like the rest of the API."""
-    try:
-        return datetime.datetime.fromtimestamp(float(value), tz=datetime.UTC)
-    except ValueError:
-        pass
-    try:
-        parsed = datetime.datetime.fromisoformat(value)
-    except ValueError as exc:
-        raise serializers.ValidationError("Enter an ISO 8601 time or Unix seconds.") from exc
-    return timezone.make_aware(parsed) if timezone.is_naive(parsed) else parsed
+class TimeField(forms.CharField):
+    """A time as `config.parsing` reads it: ISO 8601 (a naive time is in the server's zone) or Unix
+    seconds, like the rest of the API; anything else is the filter's form error (a 400 naming it)."""
+
+    def to_python(self, value):
+        text = super().to_python(value)
+        if not text:
+            return None
+        try:
+            return parsing.parse_time(text, default_tz=timezone.get_current_timezone())
+        except parsing.ParseError as exc:
+            raise forms.ValidationError(str(exc), code="invalid") from None
 
 
 class TimeFilter(django_filters.CharFilter):
-    def filter(self, qs, value):
-        if not value:
-            return qs
-        try:
-            moment = parse_time(value)
-        except serializers.ValidationError as exc:
-            raise serializers.ValidationError({self.field_name: exc.detail}) from exc
-        return qs.filter(**{f"at__{self.lookup_expr}": moment})
+    field_class = TimeField
 
 
 class AuditEventFilter(django_filters.FilterSet):
@@ -58,8 +53,8 @@ class AuditEventFilter(django_filters.FilterSet):
     object_id = django_filters.CharFilter()
     source = django_filters.ChoiceFilter(choices=AuditSource.choices)
     actor = django_filters.CharFilter(method="filter_actor", help_text="user id or username")
-    since = TimeFilter(field_name="since", lookup_expr="gte", help_text="ISO 8601 or Unix seconds")
-    until = TimeFilter(field_name="until", lookup_expr="lt", help_text="ISO 8601 or Unix seconds")
+    since = TimeFilter(field_name="at", lookup_expr="gte", help_text="ISO 8601 or Unix seconds")
+    until = TimeFilter(field_name="at", lookup_expr="lt", help_text="ISO 8601 or Unix seconds")
     q = django_filters.CharFilter(method="filter_q", help_text="text in the object's name or the comment")
 
     class Meta:
@@ -67,9 +62,10 @@ class AuditEventFilter(django_filters.FilterSet):
         fields = ["action", "object_type", "object_id", "source"]
 
     def filter_actor(self, qs, name, value):
-        if value.isdigit():
-            return qs.filter(actor_id=int(value))
-        return qs.filter(Q(actor__username=value) | Q(actor_name=value))
+        try:
+            return qs.filter(actor_id=parsing.parse_int(value))
+        except parsing.ParseError:  # not an id: a user name
+            return qs.filter(Q(actor__username=value) | Q(actor_name=value))
 
     def filter_q(self, qs, name, value):
         return qs.filter(Q(object_repr__icontains=value) | Q(comment__icontains=value))

@@ -13,10 +13,16 @@ computed each time.
 
 from __future__ import annotations
 
+import hashlib
+
 from rest_framework.response import Response
 
 from config import read_cache
 from fleet.queries import is_fleet_admin
+
+#: A longer path (a long query string) is keyed by its digest: cache backends warn of keys past
+#: memcached's 250 characters, and a client should not choose how long a key Redis keeps.
+MAX_KEY_PATH_CHARS = 150
 
 
 class CachedListMixin:
@@ -27,8 +33,11 @@ class CachedListMixin:
         if getattr(request.accepted_renderer, "format", None) != "json":
             return super().list(request, *args, **kwargs)
         user = request.user
+        path = request.get_full_path()
+        if len(path) > MAX_KEY_PATH_CHARS:
+            path = f"{request.path}?sha256={hashlib.sha256(path.encode()).hexdigest()}"
         key = (f"api-list:{user.pk}:{'admin' if is_fleet_admin(user) else 'user'}:{request.scheme}:"
-               f"{request.get_host()}:{request.get_full_path()}")
+               f"{request.get_host()}:{path}")
         computed = []
 
         def compute():

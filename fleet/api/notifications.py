@@ -61,13 +61,13 @@ class NotificationViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, view
     @extend_schema(request=None, responses={200: inline_serializer(
         "NotificationsMarkedRead", {"marked": serializers.IntegerField(help_text="How many were unread")})})
     @action(detail=False, methods=["post"], url_path="read-all")
-    def read_all(self, request):
+    def read_all(self, request, format=None):
         """Mark all of the user's notifications read."""
         return Response({"marked": service.mark_read(request.user)})
 
     @extend_schema(request=None, responses={200: NotificationSerializer})
     @action(detail=True, methods=["post"])
-    def read(self, request, pk=None):
+    def read(self, request, pk=None, format=None):
         """Mark one notification read."""
         notification = self.get_object()
         service.mark_read(request.user, [notification.pk])

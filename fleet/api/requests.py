@@ -99,19 +99,19 @@ class ResizeRequestViewSet(CachedListMixin, mixins.ListModelMixin, mixins.Retrie
 
     @extend_schema(request=DecisionSerializer, responses={200: ResizeRequestSerializer})
     @action(detail=True, methods=["post"], permission_classes=[IsFleetAdmin])
-    def approve(self, request, pk=None):
+    def approve(self, request, pk=None, format=None):
         """Apply the request now (409 with the reason when nothing takes it; it stays pending)."""
         return self._decision(request, service.approve)
 
     @extend_schema(request=DecisionSerializer, responses={200: ResizeRequestSerializer})
     @action(detail=True, methods=["post"], permission_classes=[IsFleetAdmin])
-    def reject(self, request, pk=None):
+    def reject(self, request, pk=None, format=None):
         """Reject the request with a comment (400 without one; the artist is told why)."""
         return self._decision(request, service.reject)
 
     @extend_schema(request=None, responses={200: ResizeRequestSerializer})
     @action(detail=True, methods=["post"])
-    def cancel(self, request, pk=None):
+    def cancel(self, request, pk=None, format=None):
         """Withdraw a pending request (its artist or an admin; 409 once decided)."""
         try:
             result = service.cancel(self.get_object(), request.user)

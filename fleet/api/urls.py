@@ -1,7 +1,6 @@
 """Routes of the v1 inventory API, mounted at /api/v1/ (plural kebab-case, DESIGN.md)."""
 
-from rest_framework.routers import DefaultRouter
-
+from config.routers import DefaultRouter
 from fleet.api import audit as audit_api
 from fleet.api import notifications as notifications_api
 from fleet.api import requests as requests_api

@@ -369,7 +369,7 @@ def test_usage_summary_follows_the_range(staff_client, world):
     ("range=1y", "Unknown range &#x27;1y&#x27;: use 6h, 24h, 7d, 30d or a custom start and end."),
     ("start=2026-03-03T00:00&end=2026-03-01T00:00", "The end of the range must be after its start."),
     ("start=2026-03-03T00:00", "A custom range needs both a start and an end."),
-    ("at=yesterday", "at &#x27;yesterday&#x27; is not a date and time"),
+    ("at=yesterday", "at &#x27;yesterday&#x27; is not a time: use ISO 8601"),
 ])
 def test_a_bad_range_is_a_400_page_with_the_message(staff_client, world, query, message):
     for url in [*pages_of(world), f"/artists/{world.ana.pk}/"]:

@@ -10,8 +10,8 @@ from django.conf import settings
 from django.core.paginator import Paginator
 from django.shortcuts import render
 from django.urls import NoReverseMatch, reverse
-from rest_framework.exceptions import ValidationError
 
+from config import parsing
 from fleet.api.audit import AuditEventFilter
 from fleet.models import AuditEvent
 from fleet.views.access import staff_required
@@ -40,11 +40,11 @@ def diff(before, after) -> list[dict]:
 
 def object_url(event: AuditEvent) -> str | None:
     name = DETAIL_PAGES.get(event.object_type)
-    if name is None or not event.object_id.isdigit() or event.action.endswith(".delete"):
+    if name is None or event.action.endswith(".delete"):
         return None
     try:
-        return reverse(name, args=[int(event.object_id)])
-    except NoReverseMatch:
+        return reverse(name, args=[parsing.parse_int(event.object_id, minimum=1)])
+    except (parsing.ParseError, NoReverseMatch):
         return None
 
 
@@ -52,12 +52,16 @@ def object_url(event: AuditEvent) -> str | None:
 def audit_list(request):
     filterset = AuditEventFilter(request.GET, queryset=AuditEvent.objects.select_related("actor"))
     error, events, page = "", [], None
+    errors = {field: " ".join(map(str, msgs)) for field, msgs in filterset.errors.items()}
     try:
-        queryset = filterset.qs
-        page = Paginator(queryset, PAGE_SIZE).get_page(request.GET.get("page"))
+        number = parsing.parse_page(request.GET.get("page"))
+    except parsing.ParseError as exc:
+        errors["page"] = str(exc)
+    if errors:
+        error = "; ".join(f"{field}: {message}" for field, message in errors.items())
+    else:
+        page = Paginator(filterset.qs, PAGE_SIZE).get_page(number)
         events = list(page.object_list)
-    except ValidationError as exc:
-        error = "; ".join(f"{field}: {' '.join(map(str, msgs))}" for field, msgs in exc.detail.items())
     for event in events:
         event.diff = diff(event.before, event.after)
         event.url = object_url(event)

@@ -25,6 +25,7 @@ from django.utils import timezone
 from django.utils.cache import patch_vary_headers
 from django.views import View
 
+from config import parsing
 from config.csv_export import chunked, csv_response
 from fleet.views.access import StaffRequiredMixin
 
@@ -133,7 +134,12 @@ class FilteredListView(StaffRequiredMixin, View):
         queryset = filterset.qs.order_by(*self._ordering(ordering_key))
         if request.GET.get("format") == "csv":
             return self.csv_response(queryset)
-        page = Paginator(queryset, self.page_size).get_page(request.GET.get("page"))
+        try:
+            number = parsing.parse_page(request.GET.get("page"))
+        except parsing.ParseError as exc:
+            filterset.form.add_error(None, f"Page: {exc}")
+            return self._render(request, filterset, ordering_key, page=None, rows=[], status=400)
+        page = Paginator(queryset, self.page_size).get_page(number)
         rows = list(page.object_list)
         self.decorate(rows)
         return self._render(request, filterset, ordering_key, page=page, rows=rows)

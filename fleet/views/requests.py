@@ -7,16 +7,17 @@ apply the same rules, messages and locks. Messages show once, in the base templa
 
 from __future__ import annotations
 
+from django import forms
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
-from django.core.exceptions import PermissionDenied
+from django.core.exceptions import PermissionDenied, ValidationError
 from django.http import Http404
 from django.shortcuts import get_object_or_404, redirect, render
 from django.utils import timezone
-from django.utils.dateparse import parse_datetime
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_POST
 
+from config import parsing
 from fleet import requests as service
 from fleet.choices import ResizeStatus
 from fleet.models import Notification, ResizeRequest, VgpuProfile, VirtualMachine
@@ -41,17 +42,22 @@ def request_list(request):
     status = request.GET.get("status", "")
     pending = [(r, service.fits(r), service.evidence_of(r.vm, r)) for r in qs.filter(status=ResizeStatus.PENDING)]
     decided = qs.exclude(status=ResizeStatus.PENDING)
-    if status:
+    refused = bool(status) and status not in ResizeStatus.values
+    if refused:
+        messages.error(request, f"Unknown status {status!r}: showing every decided request instead.")
+        status = ""
+    elif status:
         decided = decided.filter(status=status)
     return render(request, "fleet/request_list.html", {
         "pending": pending, "decided": decided[:200], "status": status, "statuses": ResizeStatus.choices,
-    })
+    }, status=400 if refused else 200)
 
 
 def _next(request, default: str) -> str:
     """Where to go after a form: the form's `next` when it is a path of this site."""
     target = request.POST.get("next", "")
-    if target and url_has_allowed_host_and_scheme(target, allowed_hosts={request.get_host()}):
+    # A path, not a URL name: redirect() would try to reverse "abc" as a view's name.
+    if target.startswith("/") and url_has_allowed_host_and_scheme(target, allowed_hosts={request.get_host()}):
         return target
     return default
 
@@ -64,16 +70,15 @@ def request_decide(request, pk: int, verb: str):
     if verb not in DONE:
         raise Http404
     obj = get_object_or_404(ResizeRequest.objects.select_related("vm__artist", "requested_profile"), pk=pk)
-    comment = request.POST.get("comment", "")
     try:
         if verb == "cancel":
             service.cancel(obj, request.user)
         elif not is_fleet_admin(request.user):
             raise PermissionDenied
         elif verb == "approve":
-            service.approve(obj, request.user, comment)
+            service.approve(obj, request.user, _text(request, "comment"))
         else:
-            service.reject(obj, request.user, comment)
+            service.reject(obj, request.user, _text(request, "comment"))
         messages.success(request, f"Request #{pk} for {obj.vm.name} ({service.describe(obj)}) {DONE[verb]}.")
     except PermissionError as exc:
         raise PermissionDenied(str(exc)) from exc
@@ -85,14 +90,24 @@ def request_decide(request, pk: int, verb: str):
     return redirect(_next(request, "/requests/" if verb != "cancel" or is_fleet_admin(request.user) else "/me/"))
 
 
-def _when(value: str):
-    """A datetime-local field's value as an aware datetime in the studio's time zone; None when empty."""
+def _text(request, name: str) -> str:
+    """A text field of the form, as Django's form fields take one: a NUL character (which
+    PostgreSQL cannot store) is refused with the field's message."""
+    try:
+        return forms.CharField(required=False, strip=False).clean(request.POST.get(name, ""))
+    except ValidationError as exc:
+        raise service.RequestError({name: " ".join(exc.messages)}) from None
+
+
+def _when(value: str, name: str):
+    """A datetime-local field's value as an aware datetime (a naive one is in the studio's time
+    zone); None when empty."""
     if not value.strip():
         return None
-    parsed = parse_datetime(value.strip())
-    if parsed is None:
-        raise service.RequestError({"wished_from": BAD_WINDOW})
-    return timezone.make_aware(parsed) if timezone.is_naive(parsed) else parsed
+    try:
+        return parsing.parse_time(value, default_tz=timezone.get_current_timezone())
+    except parsing.ParseError as exc:
+        raise service.RequestError({name: f"{BAD_WINDOW} ({exc})"}) from None
 
 
 @login_required
@@ -109,13 +124,17 @@ def request_file(request, vm_pk: int):
         if change in ("more", "less") and current is not None:
             profile, vgpus = current, count + (1 if change == "more" else -1)
         else:
-            chosen = request.POST.get("requested_profile", "")
-            profile = VgpuProfile.objects.filter(pk=int(chosen)).first() if chosen.isdigit() else None
+            try:
+                chosen = parsing.parse_int(request.POST.get("requested_profile", ""))
+            except parsing.ParseError:
+                chosen = None
+            profile = VgpuProfile.objects.filter(pk=chosen).first() if chosen is not None else None
             if profile is None:
                 raise service.RequestError({"requested_profile": NO_PROFILE})
             vgpus = count or 1
-        service.file_request(vm, request.user, profile, vgpus, request.POST.get("reason", ""),
-                             _when(request.POST.get("wished_from", "")), _when(request.POST.get("wished_until", "")))
+        service.file_request(vm, request.user, profile, vgpus, _text(request, "reason"),
+                             _when(request.POST.get("wished_from", ""), "wished_from"),
+                             _when(request.POST.get("wished_until", ""), "wished_until"))
         messages.success(request, f"Request for {vm.name} ({vgpus} x {profile.name}) filed; "
                                   "you will be notified of the decision.")
     except PermissionError as exc:

@@ -189,7 +189,7 @@ class OptimizerRunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, view
                    409: CONFLICT},
     )
     @action(detail=True, methods=["post"])
-    def apply(self, request, pk=None):
+    def apply(self, request, pk=None, format=None):
         run = self.get_object()
         try:
             outcome = optimizer_runs.apply_run(run, request.user)

@@ -142,7 +142,7 @@ class SuggestionViewSet(viewsets.ReadOnlyModelViewSet):
         responses={201: SuggestionSerializer, 409: CONFLICT},
     )
     @action(detail=True, methods=["post"])
-    def accept(self, request, pk=None):
+    def accept(self, request, pk=None, format=None):
         return self._act(request, AcceptSerializer, lambda suggestion, data: suggestions.accept_suggestion(
             suggestion, request.user, evidence_key=data.get("evidence_key", ""), note=data.get("note", ""),
         ), status_code=status.HTTP_201_CREATED)
@@ -153,14 +153,14 @@ class SuggestionViewSet(viewsets.ReadOnlyModelViewSet):
         responses={200: SuggestionSerializer, 409: CONFLICT},
     )
     @action(detail=True, methods=["post"])
-    def dismiss(self, request, pk=None):
+    def dismiss(self, request, pk=None, format=None):
         return self._act(request, ShownEvidenceSerializer, lambda suggestion, data: suggestions.dismiss_suggestion(
             suggestion, request.user, evidence_key=data.get("evidence_key", ""),
         ))
 
     @extend_schema(summary="Show a dismissed suggestion again", request=None, responses={200: SuggestionSerializer})
     @action(detail=True, methods=["post"])
-    def restore(self, request, pk=None):
+    def restore(self, request, pk=None, format=None):
         return self._act(request, serializers.Serializer, lambda suggestion, data: suggestions.restore_suggestion(
             suggestion,
         ))

@@ -1,8 +1,8 @@
 """Routes of the v1 sizing API, mounted at /api/v1/."""
 
 from django.urls import path  # noqa: F401 - sections below add their paths
-from rest_framework.routers import DefaultRouter
 
+from config.routers import DefaultRouter
 from sizing.api.optimizer import OptimizerRunViewSet
 from sizing.api.planner import PlanView, WorkflowPresetViewSet
 from sizing.api.suggestions import SuggestionViewSet

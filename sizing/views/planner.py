@@ -14,6 +14,7 @@ drawn once with their count. The queries are fixed whatever the number of rows o
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from dataclasses import dataclass
 
@@ -21,11 +22,13 @@ from django.http import QueryDict
 from django.shortcuts import render
 from django.urls import reverse
 
+from config import parsing
 from fleet.choices import Workflow
 from fleet.views.access import staff_required
 from sizing import planner, planning
 from sizing.forms import (
     ARTISTS_PREFIX,
+    MAX_ARTIST_ROWS,
     WORKFLOW_PREFIX,
     ArtistFormSet,
     PlannerCatalog,
@@ -151,9 +154,8 @@ def _with_added_row(query: QueryDict) -> QueryDict:
     """The query with one more blank row ("Add row" works without JavaScript)."""
     data = query.copy()
     key = f"{ARTISTS_PREFIX}-TOTAL_FORMS"
-    value = data.get(key, "")
-    if value.isdigit():  # otherwise the formset reports its damaged management form itself
-        data[key] = str(int(value) + 1)
+    with contextlib.suppress(parsing.ParseError):  # the formset reports a damaged management form itself
+        data[key] = str(parsing.parse_int(data.get(key, ""), minimum=0, maximum=MAX_ARTIST_ROWS) + 1)
     data.pop("add_row", None)
     return data
 

@@ -140,7 +140,7 @@ class AgentViewSet(CachedListMixin, viewsets.ModelViewSet):
         responses={200: AgentTokenSerializer, 404: OpenApiResponse(description="No such agent")},
     )
     @action(detail=True, methods=["post"], url_path="rotate-token")
-    def rotate_token(self, request, pk=None):
+    def rotate_token(self, request, pk=None, format=None):
         agent = self.get_object()
         token = services.rotate_token(agent)
         return Response(AgentTokenSerializer({"id": agent.pk, "name": agent.name, "token": token}).data)

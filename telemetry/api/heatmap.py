@@ -22,6 +22,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from config import parsing
 from fleet.queries import visible_hosts
 from telemetry.aggregation import bucket_floor
 from telemetry.api.metrics import HOURLY, MAX_RANGE_DAYS, METRICS, STEP_LADDER, parse_step, parse_time
@@ -75,9 +76,9 @@ def parse_heatmap_query(request: Request) -> HeatmapQuery:
     host_raw = params.get("host", "").strip()
     if host_raw:
         try:
-            host_id = int(host_raw)
-        except ValueError:
-            errors["host"] = [f"{host_raw!r} is not a host id (a whole number)."]
+            host_id = parsing.parse_int(host_raw)
+        except parsing.ParseError as exc:
+            errors["host"] = [f"{exc} A host is named by its id."]
         else:
             if not visible_hosts(request.user).filter(pk=host_id).exists():
                 errors["host"] = [f"No host with id {host_id} that you may see."]

@@ -21,13 +21,11 @@ or VM they may not see at all is 404; anonymous callers get 401.
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
 from django.db.models import Model
 from django.shortcuts import get_object_or_404
-from django.utils.dateparse import parse_date, parse_datetime
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import serializers
@@ -36,8 +34,9 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from config import parsing
 from fleet.queries import may_read_gpu_telemetry, visible_gpus, visible_vms
-from telemetry.aggregation import EPOCH, bucket_floor, max_or_none, weighted_mean
+from telemetry.aggregation import bucket_floor, max_or_none, weighted_mean
 from telemetry.models import GpuRollup, VmRollup
 
 MAX_RANGE_DAYS = 400
@@ -80,29 +79,13 @@ VM_METRICS = tuple(name for name, m in METRICS.items() if not m.gpu_only)
 
 # Parsing -----------------------------------------------------------------------------------
 
-_NUMBER = re.compile(r"[+-]?(\d+(\.\d*)?|\.\d+)")
-# A "+02:00" offset arrives as " 02:00" when the caller did not percent-encode the "+".
-_SPACED_OFFSET = re.compile(r"(T\d{2}:\d{2}(:\d{2}(\.\d+)?)?) (\d{2}:?\d{2})$")
-
-
 def parse_time(raw: str, name: str) -> datetime:
     """An aware UTC datetime from ISO 8601 (date, or date and time; no offset means UTC) or Unix
-    seconds; ValidationError naming the parameter otherwise."""
-    text = raw.strip()
+    seconds (`config.parsing.parse_time`); ValidationError naming the parameter otherwise."""
     try:
-        if _NUMBER.fullmatch(text):
-            return EPOCH + timedelta(seconds=float(text))
-        text = _SPACED_OFFSET.sub(r"\1+\4", text)
-        moment = parse_datetime(text)
-        if moment is None and (day := parse_date(text)) is not None:
-            moment = datetime(day.year, day.month, day.day)
-    except (ValueError, OverflowError):
-        moment = None
-    if moment is None:
-        raise ValidationError({name: [f"{raw!r} is not a time: use ISO 8601 (2026-03-01T12:00:00Z) or Unix seconds."]})
-    if moment.tzinfo is None:
-        moment = moment.replace(tzinfo=UTC)
-    return moment.astimezone(UTC)
+        return parsing.parse_time(raw)
+    except parsing.ParseError as exc:
+        raise ValidationError({name: [str(exc)]}) from None
 
 
 def parse_step(raw: str | None, start: datetime, end: datetime) -> int:
@@ -111,9 +94,9 @@ def parse_step(raw: str | None, start: datetime, end: datetime) -> int:
         span = (end - start).total_seconds()
         return next((s for s in STEP_LADDER if math.ceil(span / s) <= DEFAULT_POINTS), STEP_LADDER[-1])
     try:
-        step = int(raw.strip())
-    except ValueError:
-        raise ValidationError({"step": [f"{raw!r} is not a whole number of seconds."]}) from None
+        step = parsing.parse_int(raw)
+    except parsing.ParseError as exc:
+        raise ValidationError({"step": [f"{exc} Give a whole number of seconds."]}) from None
     if step <= 0 or (step < HOURLY and step % FIVE_MINUTES) or (step >= HOURLY and step % HOURLY):
         raise ValidationError({"step": [
             f"{step} s is not a step the rollups can serve: use a multiple of 300 below 3600 "

@@ -4,8 +4,8 @@ Each resource keeps its own block, so adding one touches no other line.
 """
 
 from django.urls import path
-from rest_framework.routers import SimpleRouter
 
+from config.routers import SimpleRouter
 from telemetry.api import agents, heatmap, ingest, metrics
 
 urlpatterns = []

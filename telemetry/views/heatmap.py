@@ -23,6 +23,7 @@ from django.urls import reverse
 from django.utils import timezone
 from django.utils.html import format_html
 
+from config import parsing
 from fleet.models import Host
 from fleet.views.access import staff_required
 from telemetry.api.metrics import METRICS
@@ -187,7 +188,10 @@ def heatmap_page(request):
     host_raw = (params.get("host") or "").strip()
     host_id = None
     if host_raw:
-        host_id = int(host_raw) if host_raw.isdigit() else None
+        try:
+            host_id = parsing.parse_int(host_raw)
+        except parsing.ParseError:
+            host_id = None
         if host_id not in {pk for pk, _ in hosts}:
             errors.append(f"Unknown host {host_raw!r}: pick one from the list, or all hosts.")
             host_id = None
