@@ -74,3 +74,22 @@ def server_error(request):
     if _is_api(request):
         return JsonResponse({"detail": "A server error occurred."}, status=500)
     return defaults.server_error(request)
+
+
+class ApiNotFoundMiddleware:
+    """Under /api/, a path no route matches answers the JSON 404 in every mode.
+
+    `handler404` above serves it with DEBUG off; with DEBUG on Django answers its HTML debug page
+    instead, and a script run against a development server would get HTML. Innermost, so
+    CommonMiddleware still sees the 404 and redirects `/api/v1/hosts` to `/api/v1/hosts/`.
+    A route that matched and answered 404 itself (an unknown id) keeps its own answer.
+    """
+
+    def __init__(self, get_response):
+        self.get_response = get_response
+
+    def __call__(self, request):
+        response = self.get_response(request)
+        if response.status_code == 404 and _is_api(request) and getattr(request, "resolver_match", None) is None:
+            return page_not_found(request, None)
+        return response

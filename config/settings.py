@@ -113,6 +113,8 @@ MIDDLEWARE = [
 # Database outages: a view that cannot reach the database answers 503 with a retry hint
 # (config/db_outage.py); after Django's own middleware, so that it sees the views' exceptions first.
 MIDDLEWARE.append("config.db_outage.DatabaseUnavailableMiddleware")
+# Unknown paths under /api/ answer JSON also with DEBUG on (config/api.py).
+MIDDLEWARE.append("config.api.ApiNotFoundMiddleware")
 
 if not DEBUG:
     # Production serves collected static files itself; runserver serves them in development.

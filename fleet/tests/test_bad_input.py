@@ -44,6 +44,25 @@ def test_an_unknown_api_path_is_a_json_404(staff, path):
     assert response.json() == {"detail": "Not found."}
 
 
+@pytest.mark.parametrize("path", ["/api/v1/nope/", "/api/v1/hosts/abc/"])
+def test_an_unknown_api_path_is_a_json_404_on_a_development_server_too(staff, settings, path):
+    """With DEBUG on Django answers its HTML debug page; a script against `make run` gets JSON all the same."""
+    settings.DEBUG = True
+
+    response = staff.get(path)
+
+    assert response.status_code == 404
+    assert response["Content-Type"] == "application/json"
+    assert response.json() == {"detail": "Not found."}
+
+
+def test_an_api_path_without_its_slash_is_still_redirected(staff):
+    response = staff.get("/api/v1/hosts")
+
+    assert response.status_code == 301
+    assert response["Location"] == "/api/v1/hosts/"
+
+
 def test_an_unknown_page_keeps_its_html_404(staff):
     response = staff.get("/nope/")
 
