@@ -33,6 +33,10 @@ class TokenNotFound(Exception):
     """No token, or more than one, matches what names the token to revoke."""
 
 
+class KeyRefused(Exception):
+    """A presented key that signs no one in; the message says why, as a 401 shows it."""
+
+
 def key_digest(key: str) -> str:
     """The SHA-256 (hex) under which a key is stored."""
     return hashlib.sha256(key.encode()).hexdigest()
@@ -84,6 +88,18 @@ def find_by_key(key: str) -> ApiToken | None:
         return ApiToken.objects.select_related("user").defer("user__password").filter(token_sha256=digest).first()
 
     return read_cache.cached(f"api-token:{digest}", find, max_age_s=60, should_store=lambda token: token is not None)
+
+
+def authenticate(key: str) -> ApiToken:
+    """The token of a presented key, stamped as used; KeyRefused when no token has that key (a
+    wrong or revoked one) or its user is inactive. The one check behind every `Token <key>`."""
+    token = find_by_key(key) if key else None
+    if token is None:
+        raise KeyRefused("Invalid token.")
+    if not token.user.is_active:
+        raise KeyRefused("User inactive or deleted.")
+    mark_used(token)
+    return token
 
 
 def mark_used(token: ApiToken) -> None:

@@ -25,8 +25,6 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-
 
 def bucket_floor(moment: datetime, step_s: int) -> datetime:
     """Start of the `step_s`-second bucket holding `moment` (aware), as an aware UTC datetime."""

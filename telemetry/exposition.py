@@ -185,11 +185,10 @@ def refusal(request: HttpRequest) -> HttpResponse | None:
             return None
         return _unauthorized()
     if scheme.lower() == "token":
-        token = api_tokens.find_by_key(credentials) if credentials else None
-        if token is None or not token.user.is_active:
+        try:
+            user = api_tokens.authenticate(credentials).user
+        except api_tokens.KeyRefused:
             return _unauthorized()
-        api_tokens.mark_used(token)
-        user = token.user
     else:
         user = request.user
         if not user.is_authenticated:

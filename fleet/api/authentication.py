@@ -20,12 +20,10 @@ class ApiTokenAuthentication(TokenAuthentication):
     keyword = "Token"
 
     def authenticate_credentials(self, key: str):
-        token = api_tokens.find_by_key(key)
-        if token is None:
-            raise exceptions.AuthenticationFailed("Invalid token.")
-        if not token.user.is_active:
-            raise exceptions.AuthenticationFailed("User inactive or deleted.")
-        api_tokens.mark_used(token)
+        try:
+            token = api_tokens.authenticate(key)
+        except api_tokens.KeyRefused as refused:
+            raise exceptions.AuthenticationFailed(str(refused)) from None
         return token.user, token
 
 
