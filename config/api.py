@@ -54,24 +54,25 @@ class JSONParser(parsers.JSONParser):
         return data
 
 
-def _is_api(request) -> bool:
+def is_api(request) -> bool:
+    """Whether `request` is the API's: its errors answer in JSON, the pages' in HTML."""
     return request.path.startswith(API_PREFIX)
 
 
 def page_not_found(request, exception):
-    if _is_api(request):
+    if is_api(request):
         return JsonResponse({"detail": "Not found."}, status=404)
     return defaults.page_not_found(request, exception)
 
 
 def bad_request(request, exception):
-    if _is_api(request):
+    if is_api(request):
         return JsonResponse({"detail": "Bad request."}, status=400)
     return defaults.bad_request(request, exception)
 
 
 def server_error(request):
-    if _is_api(request):
+    if is_api(request):
         return JsonResponse({"detail": "A server error occurred."}, status=500)
     return defaults.server_error(request)
 
@@ -90,6 +91,6 @@ class ApiNotFoundMiddleware:
 
     def __call__(self, request):
         response = self.get_response(request)
-        if response.status_code == 404 and _is_api(request) and getattr(request, "resolver_match", None) is None:
+        if response.status_code == 404 and is_api(request) and getattr(request, "resolver_match", None) is None:
             return page_not_found(request, None)
         return response

@@ -14,6 +14,8 @@ from __future__ import annotations
 from django.conf import settings
 from django.http import HttpResponse, JsonResponse
 
+from config.api import is_api
+
 
 def too_large_message(limit_bytes: int) -> str:
     return (f"The request body is larger than {limit_bytes} bytes, the most this server accepts "
@@ -23,7 +25,7 @@ def too_large_message(limit_bytes: int) -> str:
 def too_large(request, limit_bytes: int) -> HttpResponse:
     """413 in the caller's language: JSON `{"detail"}` for the API, plain text for pages."""
     message = too_large_message(limit_bytes)
-    if request.path.startswith("/api/"):
+    if is_api(request):
         return JsonResponse({"detail": message}, status=413)
     return HttpResponse(message + "\n", status=413, content_type="text/plain; charset=utf-8")
 

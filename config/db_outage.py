@@ -28,6 +28,8 @@ from django.db import InterfaceError, OperationalError
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.template.loader import render_to_string
 
+from config.api import is_api
+
 logger = logging.getLogger(__name__)
 
 RETRY_AFTER_S = 30
@@ -69,7 +71,7 @@ class DatabaseUnavailableMiddleware:
 
 def _answer(request: HttpRequest, message: str, status: int, title: str) -> HttpResponse:
     """`message` in the API's JSON error shape, or as a short page for a browser."""
-    if request.path.startswith("/api/") or "application/json" in request.headers.get("Accept", ""):
+    if is_api(request) or "application/json" in request.headers.get("Accept", ""):
         return JsonResponse({"detail": message}, status=status)
     # Rendered without the request: context processors and the user would query the database.
     return HttpResponse(render_to_string("503.html", {"message": message, "title": title}), status=status)
