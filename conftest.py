@@ -1,9 +1,26 @@
-"""Fixtures shared by every app's tests."""
+"""Fixtures shared by every app's tests, the dashboard's and the whole-product tests in tests/.
+
+This file sits above the apps, so a fixture here may build rows of any of them."""
+
+from types import SimpleNamespace
 
 import pytest
+from kombu.exceptions import OperationalError
 from rest_framework.test import APIClient
 
-from fleet.tests.factories import ArtistFactory, UserFactory
+from fleet import services
+from fleet.tests.factories import (
+    BUS,
+    ArtistFactory,
+    GpuFactory,
+    HostFactory,
+    UserFactory,
+    VirtualMachineFactory,
+    profile,
+)
+
+#: Fixture modules of one app that tests of other apps use too.
+pytest_plugins = ["fleet.tests.request_world"]
 
 
 @pytest.fixture(autouse=True)
@@ -63,3 +80,62 @@ def artist_api(artist):
     client = APIClient()
     client.force_authenticate(artist.user)
     return client
+
+
+# -- a small fleet ------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def fleet_world(artist):
+    """Ana (the `artist` fixture, signed in by `artist_api`) and Bob, each with one VM holding one
+    RTX6000-12Q vGPU, on separate hosts. Objects are reloaded so no test sees stale caches."""
+    bob = ArtistFactory(name="Bob Artist")
+    host_a = HostFactory(name="host-a")
+    host_b = HostFactory(name="host-b")
+    gpu_a = GpuFactory(host=host_a, pci_bus_id="00000000:3B:00.0")
+    gpu_b = GpuFactory(host=host_b, pci_bus_id="00000000:3B:00.0")
+    vm_a = VirtualMachineFactory(name="ws-ana", artist=artist)
+    vm_b = VirtualMachineFactory(name="ws-bob", artist=bob)
+    q12 = profile("RTX6000-12Q")
+    vgpu_a = services.place_vgpu(vm_a, gpu_a, q12)
+    vgpu_b = services.place_vgpu(vm_b, gpu_b, q12)
+    return SimpleNamespace(
+        ana=artist, bob=bob, host_a=host_a, host_b=host_b, gpu_a=gpu_a, gpu_b=gpu_b,
+        vm_a=vm_a, vm_b=vm_b, vgpu_a=vgpu_a, vgpu_b=vgpu_b, profile_12q=q12,
+    )
+
+
+@pytest.fixture
+def rtx():
+    """A host with a Quadro RTX 6000 holding two RTX6000-8Q (8192 MiB left) and an empty one."""
+    host = HostFactory(name="rtx-host")
+    gpu = GpuFactory(host=host, pci_bus_id=BUS)
+    for name in ("ws-8q-a", "ws-8q-b"):
+        services.place_vgpu(VirtualMachineFactory(name=name), gpu, profile("RTX6000-8Q"))
+    empty = GpuFactory(host=host, pci_bus_id="00000000:5E:00.0")
+    return SimpleNamespace(host=host, gpu=gpu, empty=empty, vm=VirtualMachineFactory(name="ws-new"))
+
+
+# -- the broker is down -------------------------------------------------------------------------
+
+#: What kombu raises from a publish while Redis is stopped.
+CONNECTION_REFUSED = "Error 111 connecting to 127.0.0.1:6379. Connection refused."
+
+
+@pytest.fixture
+def broker_down(monkeypatch) -> list[str]:
+    """Redis is stopped: sending the optimizer or refresh task fails as kombu reports it.
+    Returns the names of the tasks that were tried."""
+    tried: list[str] = []
+
+    def refusing(name: str):
+        def apply_async(*args, **kwargs):
+            tried.append(name)
+            raise OperationalError(CONNECTION_REFUSED)
+        return apply_async
+
+    from sizing import tasks
+
+    for task in (tasks.run_optimizer, tasks.refresh_suggestions):
+        monkeypatch.setattr(task, "apply_async", refusing(task.name))
+    return tried

@@ -1,5 +1,5 @@
 """CSV exports a spreadsheet opens safely: the one writer behind every `?format=csv` of the
-dashboard (the list pages of `fleet.views.listing` and the audit log's API).
+dashboard (the list pages of `dashboard.listing` and the audit log's API).
 
 A spreadsheet runs a cell whose text starts with `=`, `+`, `-` or `@` as a formula, and
 Excel and LibreOffice also do after a leading tab or carriage return. A VM named

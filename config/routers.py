@@ -27,3 +27,10 @@ class DefaultRouter(IdLookupMixin, routers.DefaultRouter):
 
 class SimpleRouter(IdLookupMixin, routers.SimpleRouter):
     pass
+
+
+class AppRouter(DefaultRouter):
+    """An app's router: its resources, with format suffixes, and no root view of its own: the
+    root of /api/v1/ lists every app's resources (config/api/root.py)."""
+
+    include_root_view = False

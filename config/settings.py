@@ -95,6 +95,7 @@ INSTALLED_APPS = [
     "fleet",
     "telemetry",
     "sizing",
+    "dashboard",  # the pages, on top of the three domain apps
 ]
 
 MIDDLEWARE = [
@@ -113,7 +114,7 @@ MIDDLEWARE = [
 # Database outages: a view that cannot reach the database answers 503 with a retry hint
 # (config/db_outage.py); after Django's own middleware, so that it sees the views' exceptions first.
 MIDDLEWARE.append("config.db_outage.DatabaseUnavailableMiddleware")
-# Unknown paths under /api/ answer JSON also with DEBUG on (config/api.py).
+# Unknown paths under /api/ answer JSON also with DEBUG on (config/api/).
 MIDDLEWARE.append("config.api.ApiNotFoundMiddleware")
 
 if not DEBUG:
@@ -132,7 +133,7 @@ TEMPLATES = [
                 "django.template.context_processors.request",
                 "django.contrib.auth.context_processors.auth",
                 "django.contrib.messages.context_processors.messages",
-                "fleet.context_processors.badges",  # navigation badges: unread notifications, pending requests
+                "dashboard.context_processors.badges",  # navigation badges: unread notifications, pending requests
             ],
         },
     },
@@ -216,8 +217,8 @@ REST_FRAMEWORK = {
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
-    "DEFAULT_PAGINATION_CLASS": "fleet.api.pagination.FleetPagination",
-    # DRF's parsers, with a nesting limit on JSON bodies (config/api.py).
+    "DEFAULT_PAGINATION_CLASS": "config.api.pagination.FleetPagination",
+    # DRF's parsers, with a nesting limit on JSON bodies (config/api/).
     "DEFAULT_PARSER_CLASSES": [
         "config.api.JSONParser",
         "rest_framework.parsers.FormParser",
@@ -229,7 +230,7 @@ REST_FRAMEWORK = {
     ],
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     # Placement refusals -> 400, fleet changed under the request / object still in use -> 409.
-    "EXCEPTION_HANDLER": "fleet.api.exceptions.exception_handler",
+    "EXCEPTION_HANDLER": "config.api.exceptions.exception_handler",
     "TEST_REQUEST_DEFAULT_FORMAT": "json",
 }
 

@@ -6,7 +6,7 @@ files from collectstatic's manifest: the test client's plain http requests and t
 files would all fail. So the suite runs with development's settings, as `make run` does;
 pytest-django still sets settings.DEBUG to False while the tests run, so error handling is
 production's. Production's own settings are tested in subprocesses
-(fleet/tests/test_deploy_settings.py) and by the fault tests, whose processes run with DEBUG off
+(tests/test_deploy_settings.py) and by the fault tests, whose processes run with DEBUG off
 (faults/settings.py).
 
 The variable, not a DEBUG = True below, because config.settings derives other settings from it

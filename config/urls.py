@@ -11,6 +11,10 @@ from django.urls import include, path
 from django.views.decorators.cache import never_cache
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
+from config.api.root import root_view
+from fleet.api import urls as fleet_api
+from sizing.api import urls as sizing_api
+from telemetry.api import urls as telemetry_api
 from telemetry.exposition import metrics_view
 
 logger = logging.getLogger(__name__)
@@ -34,12 +38,18 @@ def healthz(request):
 
 
 urlpatterns = [
-    path("", include("fleet.urls")),
-    path("", include("telemetry.urls")),
-    path("sizing/", include("sizing.urls")),
+    path("", include("dashboard.urls")),
     path("login/", auth_views.LoginView.as_view(redirect_authenticated_user=True), name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("admin/", admin.site.urls),
+    path("api/v1/", root_view(
+        (fleet_api.router, telemetry_api.router, sizing_api.router),
+        views={"heatmap": "heatmap-api", "sizing-plan": "sizing-plan", "ingest-nvidia-smi": "ingest-nvidia-smi"},
+        templates={"gpu-metrics": "/api/v1/gpus/{id}/metrics/", "vm-metrics": "/api/v1/vms/{id}/metrics/",
+                   "gpu-scheduler": "/api/v1/gpus/{id}/scheduler/",
+                   "host-scheduler-default": "/api/v1/hosts/{id}/scheduler/",
+                   "gpu-model-scheduler-default": "/api/v1/gpu-models/{id}/scheduler/"},
+    ), name="api-root"),
     path("api/v1/", include("fleet.api.urls")),
     path("api/v1/", include("telemetry.api.urls")),
     path("api/v1/", include("sizing.api.urls")),

@@ -49,11 +49,12 @@ from dataclasses import dataclass, field
 
 from django.db.models import Model, QuerySet
 
+from config.errors import ConflictRefusal
 from fleet.models import Gpu, Host, ResizeRequest, Vgpu, VirtualMachine
 from fleet.placement import PlacementError, Rule, Violation
 
 
-class FleetConflict(PlacementError):
+class FleetConflict(PlacementError, ConflictRefusal):
     """The fleet changed between the check and the write; trying again may give another answer."""
 
 

@@ -19,6 +19,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from config.errors import Refusal
+
 PLACEMENT_GRID = 32
 MAX_VGPUS_PER_VM = 4
 
@@ -56,12 +58,15 @@ class Violation:
         return self.message
 
 
-class PlacementError(Exception):
+class PlacementError(Refusal):
     """Raised by services when the rules refuse a change; carries every violation found."""
 
     def __init__(self, violations: list[Violation]):
         self.violations = list(violations)
         super().__init__("; ".join(v.message for v in self.violations))
+
+    def violation_dicts(self) -> list[dict]:
+        return [{"rule": v.rule, "message": v.message} for v in self.violations]
 
     @property
     def rules(self) -> list[str]:

@@ -34,12 +34,8 @@ from django.db.models import (
 )
 from django.db.models.functions import Coalesce
 
+from config.roles import is_fleet_admin
 from fleet.models import Artist, Gpu, GpuModel, Host, Vgpu, VgpuProfile, VirtualMachine
-
-
-def is_fleet_admin(user) -> bool:
-    """Whether `user` manages the whole inventory (DESIGN.md "admin" role: a staff user)."""
-    return bool(user and user.is_authenticated and user.is_active and user.is_staff)
 
 
 def _total(queryset: QuerySet, group_by: str, expression) -> Coalesce:

@@ -23,11 +23,11 @@ from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from config import read_cache
+from config.roles import is_fleet_admin
 from fleet import audit, locks, placement, services
 from fleet.choices import ResizeStatus
 from fleet.models import Gpu, Notification, ResizeRequest, Vgpu, VgpuProfile, VirtualMachine
 from fleet.placement import PlacementError, Violation
-from fleet.queries import is_fleet_admin
 
 log = logging.getLogger(__name__)
 

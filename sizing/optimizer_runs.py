@@ -26,6 +26,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import timedelta
 
+from celery import current_app
 from celery.exceptions import SoftTimeLimitExceeded
 from django.db import connection, transaction
 from django.db.models import Count, F, Q, QuerySet
@@ -47,6 +48,8 @@ logger = logging.getLogger(__name__)
 #: Seconds the optimizer may search; it returns its best plan so far when they run out.
 SEARCH_TIME_LIMIT_S = 30.0
 #: Celery's limits for the task: the search, plus reading the fleet and checking the plan.
+#: The Celery task that carries a run out (sizing.tasks.run_optimizer).
+RUN_OPTIMIZER_TASK = "sizing.tasks.run_optimizer"
 TASK_SOFT_TIME_LIMIT_S = 150
 TASK_TIME_LIMIT_S = 180
 #: A run still queued or running this long after it started was lost (a worker died or none
@@ -248,9 +251,8 @@ def start_run(user, include_requests: bool = True, include_suggestions: bool = F
 def enqueue(run_id: int) -> None:
     """Send the run to a Celery worker (a function of its own so tests can intercept it);
     raises QueueUnavailable when the broker cannot be reached."""
-    from sizing import tasks  # sizing.tasks imports this module
-
-    send_from_request(tasks.run_optimizer, run_id)
+    # By name: sizing.tasks imports this module to carry the run out.
+    send_from_request(current_app.tasks[RUN_OPTIMIZER_TASK], run_id)
 
 
 def send_run(run: OptimizerRun) -> None:

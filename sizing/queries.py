@@ -6,9 +6,9 @@ from collections import defaultdict
 
 from django.db.models import BooleanField, Count, ExpressionWrapper, F, Max, Q, QuerySet, Sum
 
+from config.roles import is_fleet_admin
 from fleet import placement
 from fleet.models import Gpu, GpuModel, Host, Vgpu, VgpuProfile, VirtualMachine
-from fleet.queries import is_fleet_admin
 from sizing.models import Suggestion, SuggestionAction
 from sizing.snapshot import FleetSnapshot
 

@@ -20,7 +20,7 @@ logger = logging.getLogger(__name__)
 
 
 @shared_task(
-    name="sizing.tasks.run_optimizer", ignore_result=True,
+    name=optimizer_runs.RUN_OPTIMIZER_TASK, ignore_result=True,
     soft_time_limit=optimizer_runs.TASK_SOFT_TIME_LIMIT_S, time_limit=optimizer_runs.TASK_TIME_LIMIT_S,
 )
 def run_optimizer(run_id: int) -> str:

@@ -29,10 +29,10 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from config.roles import is_fleet_admin
 from fleet import api_tokens
 from fleet.choices import GpuMode
 from fleet.models import Gpu, Vgpu
-from fleet.queries import is_fleet_admin
 from telemetry.models import Agent, AgentStatus
 from telemetry.queries import latest_gpu_samples, latest_vgpu_samples
 

@@ -52,10 +52,11 @@ from django.db.models import Count, Exists, IntegerField, OuterRef, Q, QuerySet,
 from django.db.models.functions import Coalesce
 from django.urls import reverse
 
+from config.roles import is_fleet_admin
 from fleet.models import Gpu, GpuModel, Vgpu
-from fleet.queries import gpu_telemetry_visible, is_fleet_admin, visible_hosts, visible_vms
+from fleet.queries import gpu_telemetry_visible, visible_hosts, visible_vms
 from telemetry.aggregation import bucket_floor
-from telemetry.api.metrics import FIVE_MINUTES, GPU_METRICS, HOURLY, METRICS, STEP_LADDER, VM_METRICS
+from telemetry.metrics import FIVE_MINUTES, GPU_METRICS, HOURLY, METRICS, STEP_LADDER, VM_METRICS
 from telemetry.models import GpuRollup, VmRollup
 
 GROUPS = ("gpu", "vm", "host")

@@ -1,5 +1,5 @@
 """Celery tasks of the rollups and retention: thin wrappers of `telemetry.rollups` and
-`telemetry.retention`, loaded by the worker through CELERY_IMPORTS.
+`telemetry.retention`, loaded by the worker through CELERY_IMPORTS; their beat entries are telemetry.schedules'.
 
 Both are safe to run twice or at once: rollups are upserted and their checkpoints only move
 forward; retention deletes by age in small committed batches. A run cut short by its soft time
@@ -17,9 +17,6 @@ from telemetry import retention, rollups
 from telemetry.models import ROLLUP_STEPS_S
 
 logger = logging.getLogger(__name__)
-
-BUILD_ROLLUPS_EVERY_S = 60
-PRUNE_SAMPLES_EVERY_S = 3600
 
 
 @shared_task(ignore_result=True, soft_time_limit=45, time_limit=55)
@@ -45,14 +42,3 @@ def prune_samples() -> dict:
     except SoftTimeLimitExceeded:
         logger.warning("prune_samples hit its time limit; the next run goes on")
         return {}
-
-
-def ensure_rollup_schedules() -> None:
-    """The beat entries of these tasks (rollups every minute, retention hourly), created once;
-    each expires before its next run so a backlog never replays missed runs."""
-    from telemetry.schedules import ensure_periodic_task
-
-    ensure_periodic_task("build_rollups", build_rollups.name, BUILD_ROLLUPS_EVERY_S,
-                         expires_s=BUILD_ROLLUPS_EVERY_S - 5)
-    ensure_periodic_task("prune_samples", prune_samples.name, PRUNE_SAMPLES_EVERY_S,
-                         expires_s=PRUNE_SAMPLES_EVERY_S - 300)

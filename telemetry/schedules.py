@@ -16,6 +16,8 @@ from django.db import DEFAULT_DB_ALIAS, connections, transaction
 from fleet import locks
 
 POLL_AGENTS = "poll_agents"
+BUILD_ROLLUPS_EVERY_S = 60
+PRUNE_SAMPLES_EVERY_S = 3600
 
 
 def ensure_periodic_task(name: str, task: str, every_s: float, expires_s: float | None = None):
@@ -60,7 +62,13 @@ def ensure_default_schedules(using: str = DEFAULT_DB_ALIAS, **kwargs) -> None:
         return
     interval = settings.TELEMETRY_POLL_INTERVAL_S
     ensure_periodic_task(POLL_AGENTS, "telemetry.tasks.poll_agents", interval, expires_s=interval * 0.9)
-
-    from telemetry.rollup_tasks import ensure_rollup_schedules
-
     ensure_rollup_schedules()
+
+
+def ensure_rollup_schedules() -> None:
+    """The beat entries of the rollups (every minute) and retention (hourly), created once; each
+    expires before its next run so a backlog never replays missed runs."""
+    ensure_periodic_task("build_rollups", "telemetry.rollup_tasks.build_rollups", BUILD_ROLLUPS_EVERY_S,
+                         expires_s=BUILD_ROLLUPS_EVERY_S - 5)
+    ensure_periodic_task("prune_samples", "telemetry.rollup_tasks.prune_samples", PRUNE_SAMPLES_EVERY_S,
+                         expires_s=PRUNE_SAMPLES_EVERY_S - 300)

@@ -11,64 +11,18 @@ from __future__ import annotations
 
 import json
 
-import django_filters
-from django import forms
-from django.db.models import Q
 from django.utils import timezone
 from rest_framework import serializers, viewsets
 from rest_framework.renderers import BrowsableAPIRenderer, JSONRenderer
 
-from config import parsing
+from config.api.caching import CachedListMixin
+from config.api.permissions import IsFleetAdmin
 from config.csv_export import CsvRenderer, chunked, csv_response
-from fleet.api.caching import CachedListMixin
-from fleet.api.permissions import IsFleetAdmin
-from fleet.choices import AuditSource
+from fleet.filtersets import AuditEventFilter
 from fleet.models import AuditEvent
 
 CSV_CHUNK_ROWS = 500
 CSV_COLUMNS = ("at", "actor", "source", "action", "object_type", "object_id", "object", "before", "after", "comment")
-
-
-class TimeField(forms.CharField):
-    """A time as `config.parsing` reads it: ISO 8601 (a naive time is in the server's zone) or Unix
-    seconds, like the rest of the API; anything else is the filter's form error (a 400 naming it)."""
-
-    def to_python(self, value):
-        text = super().to_python(value)
-        if not text:
-            return None
-        try:
-            return parsing.parse_time(text, default_tz=timezone.get_current_timezone())
-        except parsing.ParseError as exc:
-            raise forms.ValidationError(str(exc), code="invalid") from None
-
-
-class TimeFilter(django_filters.CharFilter):
-    field_class = TimeField
-
-
-class AuditEventFilter(django_filters.FilterSet):
-    action = django_filters.CharFilter()
-    object_type = django_filters.CharFilter()
-    object_id = django_filters.CharFilter()
-    source = django_filters.ChoiceFilter(choices=AuditSource.choices)
-    actor = django_filters.CharFilter(method="filter_actor", help_text="user id or username")
-    since = TimeFilter(field_name="at", lookup_expr="gte", help_text="ISO 8601 or Unix seconds")
-    until = TimeFilter(field_name="at", lookup_expr="lt", help_text="ISO 8601 or Unix seconds")
-    q = django_filters.CharFilter(method="filter_q", help_text="text in the object's name or the comment")
-
-    class Meta:
-        model = AuditEvent
-        fields = ["action", "object_type", "object_id", "source"]
-
-    def filter_actor(self, qs, name, value):
-        try:
-            return qs.filter(actor_id=parsing.parse_int(value))
-        except parsing.ParseError:  # not an id: a user name
-            return qs.filter(Q(actor__username=value) | Q(actor_name=value))
-
-    def filter_q(self, qs, name, value):
-        return qs.filter(Q(object_repr__icontains=value) | Q(comment__icontains=value))
 
 
 class AuditObjectSerializer(serializers.Serializer):

@@ -14,11 +14,12 @@ from rest_framework.exceptions import PermissionDenied, ValidationError
 from rest_framework.permissions import IsAuthenticated
 from rest_framework.response import Response
 
+from config.api.caching import CachedListMixin
+from config.api.permissions import IsFleetAdmin
+from config.roles import is_fleet_admin
 from fleet import requests as service
-from fleet.api.caching import CachedListMixin
-from fleet.api.permissions import IsFleetAdmin
 from fleet.models import ResizeRequest, VgpuProfile
-from fleet.queries import is_fleet_admin, visible_vms
+from fleet.queries import visible_vms
 
 
 class ResizeRequestSerializer(serializers.ModelSerializer):

@@ -1,18 +1,15 @@
 """Serializers of the v1 inventory API (DESIGN.md, "REST API contract (v1)").
 
 They parse and render; writes that the placement rules govern are handed to `fleet.services`
-(which raise `PlacementError`, turned into 400/409 by `fleet.api.exceptions`). Read-only
+(which raise `PlacementError`, turned into 400/409 by `config.api.exceptions`). Read-only
 figures (`allocated_vcpus`, `used_fb_mib`, ...) come from annotations of `fleet.queries`, so a
 list costs the same number of queries whatever its length.
 """
 
-from drf_spectacular.extensions import OpenApiSerializerExtension
-from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from fleet import queries, services
+from fleet import services
 from fleet.models import Artist, Gpu, GpuModel, Host, Vgpu, VgpuProfile, VirtualMachine
-from telemetry.queries import latest_gpu_samples
 
 
 class GpuModelSerializer(serializers.ModelSerializer):
@@ -51,21 +48,6 @@ class HostSerializer(serializers.ModelSerializer):
         return services.update_host(instance, **validated_data)
 
 
-class GpuSampleSerializer(serializers.Serializer):
-    """The newest telemetry sample of a GPU (metrics the GPU does not report are null)."""
-
-    ts = serializers.DateTimeField()
-    util_gpu = serializers.FloatField(allow_null=True, help_text="3D/compute utilization, %")
-    util_mem = serializers.FloatField(allow_null=True, help_text="Memory controller utilization, %")
-    fb_used_mib = serializers.IntegerField(allow_null=True)
-    fb_total_mib = serializers.IntegerField(allow_null=True)
-    enc_util = serializers.FloatField(allow_null=True, help_text="Encoder utilization, %")
-    dec_util = serializers.FloatField(allow_null=True, help_text="Decoder utilization, %")
-    temp_c = serializers.FloatField(allow_null=True)
-    power_w = serializers.FloatField(allow_null=True)
-    sm_clock_mhz = serializers.IntegerField(allow_null=True)
-
-
 class GpuSerializer(serializers.ModelSerializer):
     """A physical GPU. Its mode, size mode, host and model change only while it holds no vGPU
     (saved through `services.update_gpu`)."""
@@ -82,26 +64,6 @@ class GpuSerializer(serializers.ModelSerializer):
 
     def update(self, instance, validated_data):
         return services.update_gpu(instance, **validated_data)
-
-
-class GpuDetailSerializer(GpuSerializer):
-    latest = serializers.SerializerMethodField(
-        help_text="Newest telemetry sample of this GPU, or null when none was collected yet. Also null for an "
-                  "artist where other workstations share the GPU: its readings would show their usage",
-    )
-
-    class Meta(GpuSerializer.Meta):
-        fields = [*GpuSerializer.Meta.fields, "latest"]
-
-    @extend_schema_field(GpuSampleSerializer(allow_null=True))
-    def get_latest(self, gpu: Gpu) -> dict | None:
-        """The GPU's newest sample however old (the detail shows when it was taken), or None (also
-        where the caller may not read this GPU's readings: `queries.gpu_telemetry_visible`)."""
-        request = self.context.get("request")
-        if request is None or not queries.may_read_gpu_telemetry(request.user, gpu.pk):
-            return None
-        sample = latest_gpu_samples([gpu.pk]).get(gpu.pk)
-        return GpuSampleSerializer(sample).data if sample else None
 
 
 class ArtistSerializer(serializers.ModelSerializer):
@@ -149,40 +111,3 @@ class VgpuSerializer(serializers.ModelSerializer):
         return services.place_vgpu(validated_data["vm"], validated_data["gpu"], validated_data["profile"])
 
 
-class ViolationSerializer(serializers.Serializer):
-    rule = serializers.CharField(help_text="Stable code of the rule, e.g. frame_buffer, max_per_gpu, host_vcpu")
-    message = serializers.CharField(help_text="The refusal with the numbers behind it")
-
-
-class PlacementErrorSerializer(serializers.Serializer):
-    """Body of a 400 (a placement rule refused) or 409 (the fleet changed under the request)."""
-
-    detail = serializers.CharField()
-    violations = ViolationSerializer(many=True)
-
-
-class DetailSerializer(serializers.Serializer):
-    """Body of a plain error, e.g. a 409 when a deleted object is still referred to."""
-
-    detail = serializers.CharField()
-
-
-class InvalidOrRefusedSerializer(serializers.Serializer):
-    """Body of a 400 on a write the placement rules govern: DRF's field messages (invalid input),
-    its `detail` alone (an unreadable body), or a rule's refusal (`PlacementErrorSerializer`).
-    Documented by `InvalidOrRefusedSchema`: a client must expect all three shapes."""
-
-
-class InvalidOrRefusedSchema(OpenApiSerializerExtension):
-    """Schema of `InvalidOrRefusedSerializer`: any of the three bodies a 400 of such a write has."""
-
-    target_class = InvalidOrRefusedSerializer
-
-    def map_serializer(self, auto_schema, direction):
-        field_messages = {"type": "object", "description": "Messages by field name (`non_field_errors`: the whole)",
-                          "additionalProperties": {"type": "array", "items": {"type": "string"}}}
-        return {"anyOf": [
-            auto_schema.resolve_serializer(PlacementErrorSerializer, direction).ref,
-            auto_schema.resolve_serializer(DetailSerializer, direction).ref,
-            field_messages,
-        ]}

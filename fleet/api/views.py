@@ -9,37 +9,27 @@ from django.db.models import ProtectedError, QuerySet
 from django_filters.rest_framework import DjangoFilterBackend
 from drf_spectacular.utils import OpenApiResponse, extend_schema, extend_schema_view
 from rest_framework import mixins, viewsets
-from rest_framework.filters import OrderingFilter
 
+from config.api.caching import CachedListMixin
+from config.api.exceptions import Conflict, in_use_message
+from config.api.filters import StableOrderingFilter
+from config.api.permissions import IsFleetAdminOrReadOnly
+from config.api.serializers import DetailSerializer, InvalidOrRefusedSerializer, PlacementErrorSerializer
 from fleet import audit, filtersets, queries, services
 from fleet.api import serializers
-from fleet.api.caching import CachedListMixin
-from fleet.api.exceptions import Conflict, in_use_message
-from fleet.api.permissions import IsFleetAdminOrReadOnly
 
 RULE_REFUSED = OpenApiResponse(
-    serializers.InvalidOrRefusedSerializer,
+    InvalidOrRefusedSerializer,
     description="Invalid input (field messages), or a placement rule refused the change (`detail` and "
                 "`violations`, each naming its `rule`)",
 )
 FLEET_CHANGED = OpenApiResponse(
-    serializers.PlacementErrorSerializer,
+    PlacementErrorSerializer,
     description="The fleet changed under the request (e.g. another request took the last slot); try again",
 )
 IN_USE = OpenApiResponse(
-    serializers.DetailSerializer, description="Still referred to by other objects (e.g. a host that has GPUs)",
+    DetailSerializer, description="Still referred to by other objects (e.g. a host that has GPUs)",
 )
-
-
-class StableOrderingFilter(OrderingFilter):
-    """`?ordering=` with `id` appended as a tiebreak, so limit/offset pages never repeat or skip
-    rows that share a value (e.g. many hosts with the same `cpu_threads`)."""
-
-    def get_ordering(self, request, queryset, view):
-        ordering = super().get_ordering(request, queryset, view)
-        if ordering and not {"id", "-id", "pk", "-pk"} & set(ordering):
-            ordering = [*ordering, "id"]
-        return ordering
 
 
 class FleetViewSetMixin(CachedListMixin):
@@ -162,18 +152,14 @@ class HostViewSet(FleetViewSet):
 )
 class GpuViewSet(FleetViewSet):
     """Physical GPUs with the frame buffer their vGPUs take; `?uuid=` finds one by NVML UUID. An
-    artist sees the GPUs that hold their own VMs' vGPUs. The detail adds `latest`."""
+    artist sees the GPUs that hold their own VMs' vGPUs. Served at /api/v1/gpus/ by
+    `telemetry.api.gpus.GpuViewSet`, whose detail adds the newest reading (`latest`)."""
 
     scoped_queryset = queries.gpus_for
     serializer_class = serializers.GpuSerializer
     filterset_class = filtersets.GpuFilterSet
     ordering_fields = ["id", "host", "pci_bus_id", "uuid", "gpu_model", "mode", "size_mode", "used_fb_mib",
                        "vgpu_count"]
-
-    def get_serializer_class(self):
-        if self.action == "retrieve":
-            return serializers.GpuDetailSerializer
-        return serializers.GpuSerializer
 
 
 class ArtistViewSet(FleetViewSet):

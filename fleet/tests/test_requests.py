@@ -1,51 +1,16 @@
 """Resize requests through the API: filing, validation messages, approval applying, 409,
 rejection with a reason, notifications, audit entries and the evidence next to each request."""
 
-from datetime import timedelta
 
 import pytest
 from django.core import mail
-from django.utils import timezone
 
 from fleet import requests as service
 from fleet import services
 from fleet.choices import ResizeStatus
 from fleet.models import AuditEvent, Notification, ResizeRequest, Vgpu, VgpuProfile
 from fleet.tests.factories import GpuFactory, HostFactory, VirtualMachineFactory, gpu_model, profile
-from sizing.models import Suggestion, SuggestionAction
-from sizing.suggestions import accept_suggestion
-
-URL = "/api/v1/resize-requests/"
-
-
-@pytest.fixture
-def filed(fleet_world, artist_api, django_capture_on_commit_callbacks):
-    """Ana's request for a 24Q; the e-mails queued on commit are sent (mail.outbox)."""
-    body = {"vm": fleet_world.vm_a.pk, "requested_profile": profile("RTX6000-24Q").pk, "reason": "big scenes"}
-    with django_capture_on_commit_callbacks(execute=True):
-        response = artist_api.post(URL, body, format="json")
-    assert response.status_code == 201, response.json()
-    return ResizeRequest.objects.get(pk=response.json()["id"])
-
-
-@pytest.fixture
-def admin_with_mail(admin_user):
-    admin_user.email = "admin@example.com"
-    admin_user.save()
-    return admin_user
-
-
-def suggest(vm, action=SuggestionAction.UPSIZE, target="RTX6000-24Q", reason="Frame buffer p95 at 93% of the profile"):
-    """A right-sizing suggestion for `vm`, as the hourly refresh would write it."""
-    now = timezone.now()
-    return Suggestion.objects.create(
-        vm=vm, current_profile=profile("RTX6000-12Q"), suggested_profile=profile(target) if target else None,
-        action=action, reason=reason, evidence_key="k1", window_start=now - timedelta(days=14), window_end=now,
-        computed_at=now, evidence={"window_days": 14, "fb_p95_mib": 11468.8, "profile_fb_mib": 12288,
-                                   "fb_p95_pct": 93.3, "fb_peak_pct": 100.0, "fb_mean_pct": 74.0,
-                                   "util_gpu_p95_pct": 41.0,
-                                   "impact": {"fits": "same_gpu", "detail": "fits on host-a GPU 00000000:3B:00.0"}},
-    )
+from fleet.tests.request_world import URL
 
 
 def test_artist_files_for_own_vm_and_admins_are_told(fleet_world, admin_with_mail, artist_api, filed):
@@ -247,44 +212,6 @@ def test_fits_says_another_gpu_another_host_or_nowhere(fleet_world, admin_user):
     fit = service.fits(request)
     assert (fit.where, fit.host, fit.gpus) == ("other_gpu", "host-a", ("00000000:5E:00.0",))
     assert Vgpu.objects.filter(vm=fleet_world.vm_a).get().gpu == fleet_world.gpu_a  # a dry run moved nothing
-
-
-def test_evidence_rides_along_with_each_request(fleet_world, admin_user, artist_api, admin_api, filed,
-                                                django_assert_num_queries):
-    """The suggestion's kind, target, reason and figures, and whether it asks for the same thing;
-    the list pays no query per row for it."""
-    suggest(fleet_world.vm_a)
-    evidence = artist_api.get(f"{URL}{filed.pk}/").json()["evidence"]
-    assert evidence["action"] == "upsize"
-    assert evidence["suggested"] == "RTX6000-24Q"
-    assert evidence["matches_request"] is True
-    assert evidence["from_suggestion"] is False
-    assert "Over 14 days: frame buffer p95 11.2 of 12 GiB (93%), peak 100%, mean 74%" in evidence["figures"]
-    assert "host-a" not in str(evidence)  # where a move would go is the admin's queue, not the artist's view
-    for n in range(3):
-        vm = VirtualMachineFactory(name=f"ws-more-{n}")
-        suggest(vm, action=SuggestionAction.DOWNSIZE, target="RTX6000-8Q")
-        service.file_request(vm, admin_user, profile("RTX6000-8Q"), 1, "smaller")
-    with django_assert_num_queries(2):  # count, and the page with VMs and suggestions
-        rows = admin_api.get(URL).json()["results"]
-    assert [r["evidence"]["action"] for r in rows] == ["downsize"] * 3 + ["upsize"]
-
-
-def test_without_a_suggestion_the_evidence_says_so(admin_api, filed):
-    evidence = admin_api.get(f"{URL}{filed.pk}/").json()["evidence"]
-    assert (evidence["action"], evidence["label"], evidence["matches_request"]) == ("", "No usage evidence yet", None)
-
-
-def test_a_request_filed_from_an_accepted_suggestion_is_marked_and_approves(fleet_world, admin_user, admin_api):
-    suggestion = suggest(fleet_world.vm_a)
-    request = accept_suggestion(suggestion, admin_user, evidence_key="k1")
-    row = admin_api.get(f"{URL}{request.pk}/").json()
-    assert row["evidence"]["from_suggestion"] is True
-    assert row["reason"].startswith("Right-sizing: fb p95 11.2 GiB = 93% of 12 GiB over 14 days")
-    response = admin_api.post(f"{URL}{request.pk}/approve/", {}, format="json")
-    assert response.status_code == 200, response.json()
-    assert [v.profile.name for v in Vgpu.objects.filter(vm=fleet_world.vm_a)] == ["RTX6000-24Q"]
-    assert Notification.objects.filter(user=fleet_world.ana.user, message__contains="approved and applied").exists()
 
 
 def test_working_out_where_a_request_fits_changes_nothing_the_read_cache_keeps(fleet_world, admin_api, filed):

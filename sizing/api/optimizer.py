@@ -16,8 +16,8 @@ from rest_framework.decorators import action
 from rest_framework.filters import OrderingFilter
 from rest_framework.response import Response
 
-from fleet.api.permissions import IsFleetAdmin
-from fleet.api.serializers import PlacementErrorSerializer
+from config.api.permissions import IsFleetAdmin
+from config.api.serializers import PlacementErrorSerializer
 from fleet.models import VgpuProfile, VirtualMachine
 from fleet.placement import MAX_VGPUS_PER_VM
 from sizing import optimizer, optimizer_runs

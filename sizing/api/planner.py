@@ -16,8 +16,8 @@ from rest_framework import mixins, serializers, viewsets
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from config.api.permissions import IsFleetAdmin
 from fleet import placement
-from fleet.api.permissions import IsFleetAdmin
 from fleet.choices import Series, SizeMode, Workflow
 from fleet.models import GpuModel, VgpuProfile
 from sizing import planner, planning

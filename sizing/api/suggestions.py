@@ -16,10 +16,10 @@ from rest_framework import serializers, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.response import Response
 
-from fleet.api.exceptions import Conflict
-from fleet.api.permissions import IsFleetAdminOrReadOnly
-from fleet.api.serializers import DetailSerializer
-from fleet.api.views import StableOrderingFilter
+from config.api.exceptions import Conflict
+from config.api.filters import StableOrderingFilter
+from config.api.permissions import IsFleetAdminOrReadOnly
+from config.api.serializers import DetailSerializer
 from fleet.models import ResizeRequest
 from sizing import suggestions
 from sizing.choices import Fits

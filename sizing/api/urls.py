@@ -2,12 +2,12 @@
 
 from django.urls import path  # noqa: F401 - sections below add their paths
 
-from config.routers import DefaultRouter
+from config.routers import AppRouter
 from sizing.api.optimizer import OptimizerRunViewSet
 from sizing.api.planner import PlanView, WorkflowPresetViewSet
 from sizing.api.suggestions import SuggestionViewSet
 
-router = DefaultRouter()
+router = AppRouter()
 # --- suggestions (sizing/api/suggestions.py) ---
 router.register("suggestions", SuggestionViewSet, basename="suggestion")
 # --- density planner and workflow presets (sizing/api/planner.py) ---

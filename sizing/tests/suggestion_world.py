@@ -10,6 +10,7 @@ from django.utils import timezone
 
 from fleet import services
 from fleet.tests.factories import ArtistFactory, GpuFactory, HostFactory, VirtualMachineFactory, profile
+from sizing.models import Suggestion, SuggestionAction
 from telemetry.aggregation import bucket_floor
 from telemetry.models import VmRollup
 
@@ -77,3 +78,16 @@ def two_weeks_of_use(world, end: datetime = END) -> None:
 def this_hour() -> datetime:
     """The start of the hour in progress: the end of the window of a refresh run now."""
     return bucket_floor(timezone.now(), 3600)
+
+
+def suggest(vm, action=SuggestionAction.UPSIZE, target="RTX6000-24Q", reason="Frame buffer p95 at 93% of the profile"):
+    """A right-sizing suggestion for `vm`, as the hourly refresh would write it."""
+    now = timezone.now()
+    return Suggestion.objects.create(
+        vm=vm, current_profile=profile("RTX6000-12Q"), suggested_profile=profile(target) if target else None,
+        action=action, reason=reason, evidence_key="k1", window_start=now - timedelta(days=14), window_end=now,
+        computed_at=now, evidence={"window_days": 14, "fb_p95_mib": 11468.8, "profile_fb_mib": 12288,
+                                   "fb_p95_pct": 93.3, "fb_peak_pct": 100.0, "fb_mean_pct": 74.0,
+                                   "util_gpu_p95_pct": 41.0,
+                                   "impact": {"fits": "same_gpu", "detail": "fits on host-a GPU 00000000:3B:00.0"}},
+    )

@@ -20,8 +20,8 @@ from rest_framework.decorators import action
 from rest_framework.filters import OrderingFilter
 from rest_framework.response import Response
 
-from fleet.api.caching import CachedListMixin
-from fleet.api.permissions import IsFleetAdmin
+from config.api.caching import CachedListMixin
+from config.api.permissions import IsFleetAdmin
 from telemetry import services
 from telemetry.filtersets import AgentFilterSet
 from telemetry.models import Agent, AgentKind, AgentStatus

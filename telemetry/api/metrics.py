@@ -36,46 +36,20 @@ from rest_framework.views import APIView
 
 from config import parsing
 from fleet.queries import may_read_gpu_telemetry, visible_gpus, visible_vms
+from telemetry import metrics
 from telemetry.aggregation import bucket_floor, max_or_none, weighted_mean
+from telemetry.metrics import (
+    DEFAULT_POINTS,
+    FIVE_MINUTES,
+    GPU_METRICS,
+    HOURLY,
+    MAX_POINTS,
+    MAX_RANGE_DAYS,
+    METRICS,
+    STEP_LADDER,
+    VM_METRICS,
+)
 from telemetry.models import GpuRollup, VmRollup
-
-MAX_RANGE_DAYS = 400
-MAX_POINTS = 10_000
-DEFAULT_POINTS = 720
-STEP_LADDER = (300, 600, 900, 1800, 3600, 7200, 10800, 21600, 43200, 86400, 172800, 604800)
-HOURLY = 3600
-FIVE_MINUTES = 300
-
-
-@dataclass(frozen=True)
-class Metric:
-    """A metric name of the API and the rollup columns behind each of its statistics."""
-
-    name: str
-    stats: tuple[str, ...]
-    gpu_only: bool = False
-    #: fb_used_pct: fb_used_mib's columns as a percentage of the capacity column.
-    percent_of_capacity: bool = False
-
-    def column(self, stat: str) -> str:
-        base = "fb_used_mib" if self.percent_of_capacity else self.name
-        return f"{base}_{stat}"
-
-
-METRICS = {m.name: m for m in (
-    Metric("util_gpu", ("avg", "max", "p95")),
-    Metric("util_mem", ("avg", "max")),
-    Metric("fb_used_mib", ("avg", "max", "p95")),
-    Metric("fb_used_pct", ("avg", "max", "p95"), percent_of_capacity=True),
-    Metric("enc_util", ("avg", "max")),
-    Metric("dec_util", ("avg", "max")),
-    Metric("temp_c", ("avg", "max"), gpu_only=True),
-    Metric("power_w", ("avg", "max"), gpu_only=True),
-    Metric("sm_clock_mhz", ("avg",), gpu_only=True),
-)}
-GPU_METRICS = tuple(METRICS)
-VM_METRICS = tuple(name for name, m in METRICS.items() if not m.gpu_only)
-
 
 # Parsing -----------------------------------------------------------------------------------
 
@@ -89,20 +63,11 @@ def parse_time(raw: str, name: str) -> datetime:
 
 
 def parse_step(raw: str | None, start: datetime, end: datetime) -> int:
-    """`step` in seconds: given (a multiple of 300 below an hour, else of 3600) or chosen."""
-    if raw is None or raw.strip() == "":
-        span = (end - start).total_seconds()
-        return next((s for s in STEP_LADDER if math.ceil(span / s) <= DEFAULT_POINTS), STEP_LADDER[-1])
+    """`step` in seconds (`telemetry.metrics.parse_step`); ValidationError naming `step` otherwise."""
     try:
-        step = parsing.parse_int(raw)
+        return metrics.parse_step(raw, start, end)
     except parsing.ParseError as exc:
-        raise ValidationError({"step": [f"{exc} Give a whole number of seconds."]}) from None
-    if step <= 0 or (step < HOURLY and step % FIVE_MINUTES) or (step >= HOURLY and step % HOURLY):
-        raise ValidationError({"step": [
-            f"{step} s is not a step the rollups can serve: use a multiple of 300 below 3600 "
-            f"(300, 600, 900, 1800) or a multiple of 3600.",
-        ]})
-    return step
+        raise ValidationError({"step": [str(exc)]}) from None
 
 
 def parse_metrics(request: Request, allowed: tuple[str, ...], subject: str) -> tuple[str, ...]:

@@ -5,15 +5,18 @@ Each resource keeps its own block, so adding one touches no other line.
 
 from django.urls import path
 
-from config.routers import SimpleRouter
-from telemetry.api import agents, heatmap, ingest, metrics
+from config.routers import AppRouter
+from telemetry.api import agents, gpus, heatmap, ingest, metrics, scheduler
 
 urlpatterns = []
 
 # agents/: the sources we collect from (staff only).
-router = SimpleRouter()
+router = AppRouter()
 router.register("agents", agents.AgentViewSet, basename="agent")
+router.register("gpus", gpus.GpuViewSet, basename="gpu")
 urlpatterns += router.urls
+
+urlpatterns += scheduler.urlpatterns
 
 # gpus/{id}/metrics/, vms/{id}/metrics/: time series from the rollups.
 urlpatterns += [

@@ -16,7 +16,7 @@ from rest_framework.test import APIClient
 
 from fleet.models import AuditEvent, Gpu, SchedulerPolicy
 from fleet.scheduler import SchedulerSettings as S
-from fleet.scheduler_policies import AgentUnavailable, agent_write_token, apply_through_agent, set_gpu_policy
+from fleet.scheduler_policies import set_gpu_policy
 from telemetry import collect
 from telemetry.agent.nvml_backend import NvmlBackend
 from telemetry.agent.scenario import build_scenario
@@ -28,6 +28,7 @@ from telemetry.fetch import ConnectionPool
 from telemetry.ingest import store_reports
 from telemetry.models import Agent
 from telemetry.payload import PayloadError, Report, parse_agent_payload
+from telemetry.scheduler_apply import AgentUnavailable, agent_write_token, apply_through_agent
 from telemetry.tests.fake_nvml import FakeNvml, vgpu_host
 from telemetry.tests.loopback import inventory_host, polled_agent, serving
 

@@ -14,10 +14,10 @@ from hypothesis import strategies as st
 from telemetry import aggregation, rollups
 from telemetry.aggregation import bucket_floor, p95, percentile_nearest_rank, summarize, weighted_mean
 from telemetry.models import GpuRollup, RollupCheckpoint, VmRollup
-from telemetry.rollup_tasks import BUILD_ROLLUPS_EVERY_S as BUILD_EVERY_S
 from telemetry.rollup_tasks import build_rollups as build_rollups_task
-from telemetry.rollup_tasks import ensure_rollup_schedules
 from telemetry.rollups import build_rollups, rewind_rollups
+from telemetry.schedules import BUILD_ROLLUPS_EVERY_S as BUILD_EVERY_S
+from telemetry.schedules import ensure_rollup_schedules
 from telemetry.tests.rollup_world import T0, at, gpu_samples, studio, vgpu_samples
 
 # Pure aggregation ---------------------------------------------------------------------------

@@ -1,0 +1,75 @@
+"""Routes of every server-rendered page. The URL names keep the namespace of the section a page
+belongs to (`fleet:`, `telemetry:`, `sizing:`), so `{% url %}` tags and bookmarks stay as they were
+before the pages moved into this app."""
+
+from django.urls import include, path
+
+from dashboard.views import (
+    agents,
+    audit,
+    details,
+    heatmap,
+    lists,
+    optimizer,
+    overview,
+    planner,
+    requests,
+    scheduler,
+    suggestions,
+    workstation,
+)
+
+fleet_patterns = [
+    path("", overview.overview, name="overview"),
+    path("overview/live/", overview.overview_live, name="overview-live"),
+    path("me/", workstation.workstation, name="workstation"),
+    path("hosts/", lists.HostListView.as_view(), name="host-list"),
+    path("hosts/<int:pk>/", details.host_detail, name="host-detail"),
+    path("gpus/", lists.GpuListView.as_view(), name="gpu-list"),
+    path("gpus/<int:pk>/", details.gpu_detail, name="gpu-detail"),
+    path("vms/", lists.VmListView.as_view(), name="vm-list"),
+    path("vms/<int:pk>/", details.vm_detail, name="vm-detail"),
+    path("artists/", lists.ArtistListView.as_view(), name="artist-list"),
+    path("artists/<int:pk>/", details.artist_detail, name="artist-detail"),
+    # --- resize requests ---
+    path("requests/", requests.request_list, name="requests"),
+    path("requests/<int:pk>/<str:verb>/", requests.request_decide, name="request-decide"),
+    path("me/vms/<int:vm_pk>/request/", requests.request_file, name="request-file"),
+    path("notifications/", requests.notification_list, name="notifications"),
+    # --- scheduler policies ---
+    path("scheduler/", scheduler.scheduler_list, name="scheduler"),
+    path("scheduler/gpus/<int:pk>/", scheduler.scheduler_gpu, name="scheduler-gpu"),
+    path("scheduler/gpus/<int:pk>/apply/", scheduler.scheduler_gpu_apply, name="scheduler-gpu-apply"),
+    path("scheduler/gpus/<int:pk>/box/", scheduler.scheduler_gpu_box, name="scheduler-gpu-box"),
+    path("scheduler/gpus/<int:pk>/clear/", scheduler.scheduler_gpu_clear, name="scheduler-gpu-clear"),
+    path("scheduler/hosts/<int:pk>/", scheduler.scheduler_host_default, name="scheduler-host"),
+    path("scheduler/models/<int:pk>/", scheduler.scheduler_model_default, name="scheduler-model"),
+    # --- audit log ---
+    path("audit/", audit.audit_list, name="audit"),
+]
+
+telemetry_patterns = [
+    path("heatmap/", heatmap.heatmap_page, name="heatmap"),
+    path("agents/", agents.AgentListView.as_view(), name="agent-list"),
+]
+
+sizing_patterns = [
+    # --- suggestions ---
+    path("suggestions/", suggestions.SuggestionListView.as_view(), name="suggestion-list"),
+    path("suggestions/refresh/", suggestions.refresh, name="suggestion-refresh"),
+    path("suggestions/<int:pk>/accept/", suggestions.accept, name="suggestion-accept"),
+    path("suggestions/<int:pk>/dismiss/", suggestions.dismiss, name="suggestion-dismiss"),
+    path("suggestions/<int:pk>/restore/", suggestions.restore, name="suggestion-restore"),
+    # --- density planner ---
+    path("planner/", planner.planner_page, name="planner"),
+    # --- placement optimizer ---
+    path("optimizer/", optimizer.optimizer, name="optimizer"),
+    path("optimizer/<int:pk>/", optimizer.optimizer_run, name="optimizer-run"),
+    path("optimizer/<int:pk>/apply/", optimizer.apply_plan, name="optimizer-apply"),
+]
+
+urlpatterns = [
+    path("", include((fleet_patterns, "fleet"))),
+    path("", include((telemetry_patterns, "telemetry"))),
+    path("sizing/", include((sizing_patterns, "sizing"))),
+]

@@ -1,0 +1,154 @@
+"""Resize request pages: the admin queue (/requests/), the artist's form on /me/ and the
+notifications page.
+
+Plain POST forms with CSRF; every write goes through `fleet.requests`, so the pages and the API
+apply the same rules, messages and locks. Messages show once, in the base template.
+"""
+
+from __future__ import annotations
+
+from django import forms
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.core.exceptions import PermissionDenied, ValidationError
+from django.http import Http404
+from django.shortcuts import get_object_or_404, redirect, render
+from django.utils import timezone
+from django.utils.http import url_has_allowed_host_and_scheme
+from django.views.decorators.http import require_POST
+
+from config import parsing
+from config.roles import is_fleet_admin
+from fleet import requests as service
+from fleet.choices import ResizeStatus
+from fleet.models import Notification, ResizeRequest, VgpuProfile, VirtualMachine
+from fleet.services import FleetConflict
+
+BAD_WINDOW = "Enter the wished window as a date and time, e.g. 2026-12-01 09:00."
+NO_PROFILE = "Choose a target profile of the VM's GPU model."
+DONE = {"approve": "approved and applied", "reject": "rejected", "cancel": "cancelled"}
+
+
+@login_required
+def request_list(request):
+    """Pending requests first, each with the VM's right-sizing evidence and where it fits now;
+    decided ones below (filter ?status=)."""
+    if not is_fleet_admin(request.user):
+        raise PermissionDenied
+    qs = ResizeRequest.objects.select_related(
+        "vm__host", "vm__suggestion__suggested_profile", "requested_profile", "current_profile", "requested_by",
+        "decided_by",
+    )
+    status = request.GET.get("status", "")
+    pending = [(r, service.fits(r), service.evidence_of(r.vm, r)) for r in qs.filter(status=ResizeStatus.PENDING)]
+    decided = qs.exclude(status=ResizeStatus.PENDING)
+    refused = bool(status) and status not in ResizeStatus.values
+    if refused:
+        messages.error(request, f"Unknown status {status!r}: showing every decided request instead.")
+        status = ""
+    elif status:
+        decided = decided.filter(status=status)
+    return render(request, "fleet/request_list.html", {
+        "pending": pending, "decided": decided[:200], "status": status, "statuses": ResizeStatus.choices,
+    }, status=400 if refused else 200)
+
+
+def _next(request, default: str) -> str:
+    """Where to go after a form: the form's `next` when it is a path of this site."""
+    target = request.POST.get("next", "")
+    # A path, not a URL name: redirect() would try to reverse "abc" as a view's name.
+    if target.startswith("/") and url_has_allowed_host_and_scheme(target, allowed_hosts={request.get_host()}):
+        return target
+    return default
+
+
+@login_required
+@require_POST
+def request_decide(request, pk: int, verb: str):
+    """Approve or reject (admins; a rejection needs a comment), cancel (the artist or an admin);
+    back to where the form was."""
+    if verb not in DONE:
+        raise Http404
+    obj = get_object_or_404(ResizeRequest.objects.select_related("vm__artist", "requested_profile"), pk=pk)
+    try:
+        if verb == "cancel":
+            service.cancel(obj, request.user)
+        elif not is_fleet_admin(request.user):
+            raise PermissionDenied
+        elif verb == "approve":
+            service.approve(obj, request.user, _text(request, "comment"))
+        else:
+            service.reject(obj, request.user, _text(request, "comment"))
+        messages.success(request, f"Request #{pk} for {obj.vm.name} ({service.describe(obj)}) {DONE[verb]}.")
+    except PermissionError as exc:
+        raise PermissionDenied(str(exc)) from exc
+    except service.RequestError as exc:
+        for message in exc.errors.values():
+            messages.error(request, f"Request #{pk} was not {DONE[verb].split()[0]}: {message}")
+    except FleetConflict as exc:
+        messages.error(request, f"Request #{pk} could not be {DONE[verb].split()[0]}: {exc}")
+    return redirect(_next(request, "/requests/" if verb != "cancel" or is_fleet_admin(request.user) else "/me/"))
+
+
+def _text(request, name: str) -> str:
+    """A text field of the form, as Django's form fields take one: a NUL character (which
+    PostgreSQL cannot store) is refused with the field's message."""
+    try:
+        return forms.CharField(required=False, strip=False).clean(request.POST.get(name, ""))
+    except ValidationError as exc:
+        raise service.RequestError({name: " ".join(exc.messages)}) from None
+
+
+def _when(value: str, name: str):
+    """A datetime-local field's value as an aware datetime (a naive one is in the studio's time
+    zone); None when empty."""
+    if not value.strip():
+        return None
+    try:
+        return parsing.parse_time(value, default_tz=timezone.get_current_timezone())
+    except parsing.ParseError as exc:
+        raise service.RequestError({name: f"{BAD_WINDOW} ({exc})"}) from None
+
+
+@login_required
+@require_POST
+def request_file(request, vm_pk: int):
+    """The /me/ form: a target profile, or one more or one less vGPU of the current profile, a
+    reason and an optional wished window."""
+    vm = get_object_or_404(VirtualMachine.objects.select_related("artist"), pk=vm_pk)
+    if not is_fleet_admin(request.user) and getattr(vm.artist, "user_id", None) != request.user.pk:
+        raise PermissionDenied("You may only request changes for your own workstation.")
+    current, count = service.current_vgpus(vm)
+    change = request.POST.get("change", "profile")
+    try:
+        if change in ("more", "less") and current is not None:
+            profile, vgpus = current, count + (1 if change == "more" else -1)
+        else:
+            try:
+                chosen = parsing.parse_int(request.POST.get("requested_profile", ""))
+            except parsing.ParseError:
+                chosen = None
+            profile = VgpuProfile.objects.filter(pk=chosen).first() if chosen is not None else None
+            if profile is None:
+                raise service.RequestError({"requested_profile": NO_PROFILE})
+            vgpus = count or 1
+        service.file_request(vm, request.user, profile, vgpus, _text(request, "reason"),
+                             _when(request.POST.get("wished_from", ""), "wished_from"),
+                             _when(request.POST.get("wished_until", ""), "wished_until"))
+        messages.success(request, f"Request for {vm.name} ({vgpus} x {profile.name}) filed; "
+                                  "you will be notified of the decision.")
+    except PermissionError as exc:
+        raise PermissionDenied(str(exc)) from exc
+    except service.RequestError as exc:
+        for message in exc.errors.values():
+            messages.error(request, message)
+    return redirect("fleet:workstation")
+
+
+@login_required
+def notification_list(request):
+    """The user's notifications, newest first. Opening the page marks them read (what a bell
+    menu does); the ones that were unread stay highlighted on this visit."""
+    items = list(Notification.objects.filter(user=request.user)[:100])
+    service.mark_read(request.user)
+    return render(request, "fleet/notification_list.html", {"items": items})

@@ -1,1 +1,0 @@
-"""HTML pages of telemetry: the heatmaps and the agents' health."""
