@@ -1,8 +1,8 @@
 """The routers of every app's API: DRF's, with ids of ASCII digits in detail routes.
 
 An id in a path is ASCII digits, as in the pages' `<int:pk>`: `/api/v1/hosts/٣/` is a 404 (JSON,
-config/api.py) like `/hosts/٣/`, not host 3, which the ORM would make of it through `int()`.
-Kept apart from config/api.py, which DRF's settings import while its views are still loading.
+config/api/__init__.py) like `/hosts/٣/`, not host 3, which the ORM would make of it through `int()`.
+Kept apart from config/api/__init__.py, which DRF's settings import while its views are still loading.
 """
 
 from __future__ import annotations

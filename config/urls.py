@@ -59,7 +59,7 @@ urlpatterns = [
     path("metrics", metrics_view, name="metrics"),
 ]
 
-# Under /api/ a path no route matches (and Django's own 400 and 500) answers JSON (config/api.py).
+# Under /api/ a path no route matches (and Django's own 400 and 500) answers JSON (config/api/__init__.py).
 handler400 = "config.api.bad_request"
 handler404 = "config.api.page_not_found"
 handler500 = "config.api.server_error"

@@ -32,7 +32,7 @@ def _signed_in(user) -> Client:
     return client
 
 
-# --- the API's plumbing (config/api.py, config/routers.py) ------------------------------------
+# --- the API's plumbing (config/api/__init__.py, config/routers.py) ------------------------------------
 
 
 @pytest.mark.parametrize("path", ["/api/v1/nope/", "/api/nope", "/api/v1/hosts/abc/", "/api/v1/hosts/1/nope/"])

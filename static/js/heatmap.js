@@ -1,4 +1,4 @@
-/* The heatmap page (/heatmap/, telemetry/views/heatmap.py).
+/* The heatmap page (/heatmap/, dashboard/views/heatmap.py).
 
    The server validates the controls and renders the resolved parameters into data-* attributes
    of #heatmap; this script fetches /api/v1/heatmap/ with them and draws the answer with Plotly,
