@@ -133,6 +133,7 @@ TEMPLATES = [
                 "django.contrib.auth.context_processors.auth",
                 "django.contrib.messages.context_processors.messages",
                 "fleet.context_processors.badges",  # navigation badges: unread notifications, pending requests
+                "config.navigation.menu",  # the main menu: its groups, links and the current page
             ],
         },
     },
