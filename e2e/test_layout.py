@@ -5,8 +5,9 @@ dashboard that is neither listed here as a page nor as a non-page fails the firs
 page cannot miss the check.
 
 With SCREENSHOT_DIR set, each page is also photographed at each width, as
-<SCREENSHOT_DIR>/<page>-<width>.png (the viewport: what a person sees on opening it);
-`make screenshots` writes them to docs/screenshots/.
+<SCREENSHOT_DIR>/<page>-<width>.png (the whole page, or what the window shows where the whole
+page would make a large file), and the open menu as menu-<width>.png; `make screenshots`
+writes them to docs/screenshots/.
 """
 
 from __future__ import annotations
@@ -50,7 +51,9 @@ PAGES = [
     Page("scheduler-gpu", "fleet:scheduler-gpu", "admin", "gpu"),
     Page("scheduler-host", "fleet:scheduler-host", "admin", "host"),
     Page("scheduler-model", "fleet:scheduler-model", "admin", "gpu_model"),
-    Page("heatmap", "telemetry:heatmap", "admin", query="?view=gpu&range=24h&sort=host"),
+    Page("heatmap-gpu", "telemetry:heatmap", "admin", query="?view=gpu&range=24h&sort=host"),
+    Page("heatmap-vm", "telemetry:heatmap", "admin", query="?view=vm&range=24h&sort=peak"),
+    Page("heatmap-host-week", "telemetry:heatmap", "admin", query="?view=host&range=7d"),
     Page("agents", "telemetry:agent-list", "admin"),
     Page("suggestions", "sizing:suggestion-list", "admin"),
     Page("planner", "sizing:planner", "admin"),
@@ -149,9 +152,9 @@ def test_every_route_of_the_dashboard_is_a_checked_page_or_not_a_page():
 
 
 def demo_ids(world) -> dict[str, int]:
-    """Real objects to open the detail pages on: the artist's VM, its host and GPU, an optimizer
-    run carried out here, and resize requests (one pending, one rejected) so the request and
-    notification pages have rows."""
+    """Real objects to open the detail pages on: the artist's VM, its host and GPU, and an
+    optimizer run carried out here; and a request of the artist's rejected (so both notification
+    pages have a row and the decided list one) and another pending."""
     from django.contrib.auth.models import User
 
     from fleet import requests as resize_requests
@@ -160,22 +163,24 @@ def demo_ids(world) -> dict[str, int]:
     from sizing.suggestions import refresh_suggestions
 
     refresh_suggestions()  # what the hourly beat task does
-    vms = list(world.artist.vms.filter(vgpus__isnull=False).distinct().order_by("name"))
-    vgpu = vms[0].vgpus.select_related("gpu", "profile").first()
+    vm = world.artist.vms.filter(vgpus__isnull=False).order_by("name").first()
+    vgpu = vm.vgpus.select_related("gpu", "profile").first()
     others = VgpuProfile.objects.filter(gpu_model=vgpu.profile.gpu_model).exclude(pk=vgpu.profile.pk)
-    admin = User.objects.get(username="admin")
-    user = world.artist.user
-    resize_requests.file_request(vms[0], user, others.order_by("fb_mib").first(), 1, "heavier scenes this month")
-    if len(vms) > 1:
-        other = vms[1].vgpus.select_related("profile").first().profile
-        rejected = resize_requests.file_request(
-            vms[1], user, VgpuProfile.objects.filter(gpu_model=other.gpu_model).exclude(pk=other.pk).first(), 1,
-            "lookdev review")
-        resize_requests.reject(rejected, admin, "No room this week; ask again after the review.")
+    admin, user = User.objects.get(username="admin"), world.artist.user
+    rejected = resize_requests.file_request(vm, user, others.order_by("fb_mib").first(), 1, "lookdev review")
+    resize_requests.reject(rejected, admin, "No room this week; ask again after the review.")
+    resize_requests.file_request(vm, user, others.order_by("-fb_mib").first(), 1, "heavier scenes this month")
     run = optimizer_runs.start_run(None, include_suggestions=True)
     optimizer_runs.execute_run(run.pk)
-    return {"host": vgpu.gpu.host_id, "gpu": vgpu.gpu_id, "gpu_model": vgpu.gpu.gpu_model_id, "vm": vms[0].pk,
+    return {"host": vgpu.gpu.host_id, "gpu": vgpu.gpu_id, "gpu_model": vgpu.gpu.gpu_model_id, "vm": vm.pk,
             "artist": world.artist.pk, "run": run.pk}
+
+
+def screenshot(page, path: Path) -> None:
+    """The whole page where that stays small (under 300 kB), else what the window shows."""
+    page.screenshot(path=str(path), full_page=True)
+    if path.stat().st_size > 300_000:
+        page.screenshot(path=str(path))
 
 
 def test_every_page_fits_the_window_at_375_1280_and_1920_px(page, rich_demo_world, tmp_path, monkeypatch):
@@ -210,5 +215,72 @@ def test_every_page_fits_the_window_at_375_1280_and_1920_px(page, rich_demo_worl
             problems = overflow(page)
             if problems:
                 failures.append(f"{spec.name} ({url}) at {width} px:\n    " + "\n    ".join(problems))
-            page.screenshot(path=str(out / f"{spec.name}-{width}.png"))
+            screenshot(page, out / f"{spec.name}-{width}.png")
     assert not failures, "elements past the window's right edge:\n" + "\n".join(failures)
+
+
+def menu_fits(page, width: int, what: str) -> None:
+    problems = overflow(page)
+    assert not problems, f"{what} at {width} px: " + "; ".join(problems)
+
+
+def test_the_menu_opens_by_keyboard_and_mouse_and_fits_at_each_width(page, tmp_path):
+    """An admin's five menus: each opens (Enter on its heading, or a click), fits the window at
+    each width, closes with Escape and when another opens; the page shown is marked in its
+    menu. On a phone the menus sit behind a "Menu" button, the section shown unfolded."""
+    from django.contrib.auth.models import User
+
+    from e2e.conftest import PASSWORD
+
+    out = Path(os.environ.get("SCREENSHOT_DIR") or tmp_path)
+    out.mkdir(parents=True, exist_ok=True)
+    User.objects.create_superuser("admin", "admin@studio.example", PASSWORD)
+    sign_in(page, "admin", next_path="/sizing/planner/")
+    groups = ["Fleet", "Telemetry", "Sizing", "Requests", "Admin"]
+    summary = {name: page.locator("details.navgroup > summary", has_text=name) for name in groups}
+
+    page.set_viewport_size({"width": 1280, "height": 800})
+    assert page.locator(".menu-toggle").is_hidden()
+    assert page.locator("details.navgroup.current > summary").inner_text().startswith("Sizing")
+    for name in groups:
+        summary[name].focus()
+        page.keyboard.press("Enter")
+        menu = page.locator("details.navgroup[open] .navmenu")
+        assert menu.count() == 1, name
+        assert menu.is_visible(), name
+        menu_fits(page, 1280, f"the {name} menu")
+        page.keyboard.press("Escape")
+        assert page.locator("details.navgroup[open]").count() == 0, name
+        assert page.evaluate("() => document.activeElement.textContent").startswith(name)
+    summary["Sizing"].click()
+    assert page.locator("details.navgroup[open] a[aria-current=page]").inner_text() == "Density planner"
+    page.screenshot(path=str(out / "menu-1280.png"), clip={"x": 0, "y": 0, "width": 1280, "height": 260})
+    summary["Fleet"].click()
+    assert page.locator("details.navgroup[open] > summary").inner_text() == "Fleet"
+    page.locator("details.navgroup[open] a", has_text="GPUs").click()
+    page.wait_for_url("**/gpus/")
+    assert page.locator("details.navgroup.current > summary").inner_text().startswith("Fleet")
+    assert page.locator("a[aria-current=page]").text_content() == "GPUs"  # in the closed Fleet menu
+
+    for width in (1920, 2560):
+        page.set_viewport_size({"width": width, "height": 1000})
+        for name in groups:
+            summary[name].click()
+            menu_fits(page, width, f"the {name} menu")
+        page.keyboard.press("Escape")
+
+    page.set_viewport_size({"width": 375, "height": 812})
+    toggle = page.locator(".menu-toggle")
+    assert toggle.is_visible()
+    assert page.locator("#topmenu").is_hidden()
+    toggle.click()
+    assert toggle.get_attribute("aria-expanded") == "true"
+    assert page.locator("details.navgroup[open] > summary").inner_text().startswith("Fleet")  # the section shown
+    menu_fits(page, 375, "the unfolded menu")
+    page.screenshot(path=str(out / "menu-375.png"))
+    for name in groups:
+        summary[name].click()
+        menu_fits(page, 375, f"the unfolded menu with {name} open")
+    page.keyboard.press("Escape")
+    assert page.locator("#topmenu").is_hidden()
+    assert toggle.get_attribute("aria-expanded") == "false"
