@@ -9,7 +9,7 @@ BIN := $(VENV)/bin
 HOST ?= 127.0.0.1
 PORT ?= 8000
 
-.PHONY: run test lint check install serve clean audit
+.PHONY: run test lint check install serve clean audit screenshots
 
 # The virtualenv is rebuilt whenever a requirements file changes.
 $(VENV)/.installed: requirements.txt requirements-dev.txt
@@ -57,6 +57,11 @@ lint: install
 	$(BIN)/python manage.py makemigrations --check --dry-run
 
 check: lint test
+
+# The browser tests, keeping what they photograph: every page at 375, 1280 and 1920 px
+# (e2e/test_layout.py) and the steps of the other browser tests, into docs/screenshots/.
+screenshots: install
+	SCREENSHOT_DIR=docs/screenshots $(BIN)/python -m pytest e2e $(PYTEST_ARGS)
 
 # Known vulnerabilities in the pinned set (PyPI's advisory service, through pip-audit in a
 # virtualenv of its own). --strict: a package it could not look up is a failure, never a pass.

@@ -134,6 +134,7 @@ TEMPLATES = [
                 "django.contrib.auth.context_processors.auth",
                 "django.contrib.messages.context_processors.messages",
                 "dashboard.context_processors.badges",  # navigation badges: unread notifications, pending requests
+                "dashboard.navigation.menu",  # the main menu: its groups, links and the current page
             ],
         },
     },

@@ -44,7 +44,7 @@ def test_list_shows_desired_reported_and_drift_and_filters_drift_only(staff, gpu
     assert "drift: policy, arr, frequency_hz" in html
     assert "in force" in html
     assert 'href="/scheduler/"' in html
-    assert 'aria-current="page">Scheduler' in html
+    assert 'aria-current="page">GPU scheduler' in html
     drifting = staff.get("/scheduler/?drift=1")
     assert drifting.context["rows"][0].gpu == gpu
     assert [row.gpu for row in drifting.context["rows"]] == [gpu]

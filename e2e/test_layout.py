@@ -1,0 +1,290 @@
+"""Every page fits the window, from a phone (375 px) to a wide desk screen: no horizontal scroll
+of the page and no element past its right edge (a wide table scrolls inside its own box). The
+pages are found by URL name, so the check follows them wherever their views live; a route of the
+dashboard that is neither listed here as a page nor as a non-page fails the first test, so a new
+page cannot miss the check.
+
+With SCREENSHOT_DIR set, each page is also photographed at each width, as
+<SCREENSHOT_DIR>/<page>-<width>.png (the whole page, or what the window shows where the whole
+page would make a large file), and the open menu as menu-<width>.png; `make screenshots`
+writes them to docs/screenshots/.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from django.urls import get_resolver, reverse
+
+from e2e.conftest import sign_in
+
+pytestmark = pytest.mark.django_db(transaction=True, serialized_rollback=True)
+
+WIDTHS = {375: 812, 1280: 800, 1920: 1080}  # width: height (a phone, a laptop, a desk screen)
+NAMESPACES = ("fleet", "telemetry", "sizing")
+
+
+@dataclass(frozen=True)
+class Page:
+    name: str  # the screenshot's name
+    url_name: str
+    who: str | None  # "admin", "artist" or None (signed out)
+    arg: str | None = None  # the key of the object id in `ids`
+    query: str = ""
+    status: int = 200
+
+
+PAGES = [
+    Page("login", "login", None),
+    Page("overview", "fleet:overview", "admin"),
+    Page("hosts", "fleet:host-list", "admin"),
+    Page("host-detail", "fleet:host-detail", "admin", "host"),
+    Page("gpus", "fleet:gpu-list", "admin"),
+    Page("gpu-detail", "fleet:gpu-detail", "admin", "gpu"),
+    Page("vms", "fleet:vm-list", "admin"),
+    Page("vm-detail", "fleet:vm-detail", "admin", "vm"),
+    # A refused custom range: the page says why, its range form open to be fixed.
+    Page("vm-detail-range-refused", "fleet:vm-detail", "admin", "vm",
+         query="?start=2026-01-02T00:00&end=2026-01-01T00:00", status=400),
+    Page("artists", "fleet:artist-list", "admin"),
+    Page("artist-detail", "fleet:artist-detail", "admin", "artist"),
+    Page("scheduler", "fleet:scheduler", "admin"),
+    Page("scheduler-gpu", "fleet:scheduler-gpu", "admin", "gpu"),
+    Page("scheduler-host", "fleet:scheduler-host", "admin", "host"),
+    Page("scheduler-model", "fleet:scheduler-model", "admin", "gpu_model"),
+    Page("heatmap-gpu", "telemetry:heatmap", "admin", query="?view=gpu&range=24h&sort=host"),
+    Page("heatmap-vm", "telemetry:heatmap", "admin", query="?view=vm&range=24h&sort=peak"),
+    Page("heatmap-host-week", "telemetry:heatmap", "admin", query="?view=host&range=7d"),
+    Page("agents", "telemetry:agent-list", "admin"),
+    Page("suggestions", "sizing:suggestion-list", "admin"),
+    Page("planner", "sizing:planner", "admin"),
+    Page("optimizer", "sizing:optimizer", "admin"),
+    Page("optimizer-run", "sizing:optimizer-run", "admin", "run"),
+    Page("requests", "fleet:requests", "admin"),
+    Page("audit", "fleet:audit", "admin"),
+    Page("notifications", "fleet:notifications", "admin"),
+    Page("admin-workstation", "fleet:workstation", "admin"),
+    Page("my-workstation", "fleet:workstation", "artist"),
+    Page("my-vm", "fleet:vm-detail", "artist", "vm"),
+    Page("my-artist-page", "fleet:artist-detail", "artist", "artist"),
+    Page("my-notifications", "fleet:notifications", "artist"),
+]
+
+# Routes of the dashboard that are not pages of their own: form targets (POST only) and the
+# fragments htmx swaps into a page listed above.
+NOT_PAGES = {
+    "fleet:overview-live": "fragment of the overview",
+    "fleet:scheduler-gpu-box": "fragment of the GPU detail page",
+    "fleet:request-decide": "POST",
+    "fleet:request-file": "POST",
+    "fleet:scheduler-gpu-apply": "POST",
+    "fleet:scheduler-gpu-clear": "POST",
+    "sizing:suggestion-refresh": "POST",
+    "sizing:suggestion-accept": "POST",
+    "sizing:suggestion-dismiss": "POST",
+    "sizing:suggestion-restore": "POST",
+    "sizing:optimizer-apply": "POST",
+}
+
+# Every element whose box ends past the window's right edge, unless a box around it scrolls or
+# clips sideways (a wide table in its .table-wrap); only the outermost of nested offenders, each
+# named by a CSS-like path and the start of its text.
+OVERFLOW = """() => {
+  const width = window.innerWidth;
+  const name = (el) => {
+    let s = el.tagName.toLowerCase();
+    if (el.id) s += "#" + el.id;
+    const cls = typeof el.className === "string" ? el.className.trim() : "";
+    if (cls) s += "." + cls.split(/\\s+/).join(".");
+    return s;
+  };
+  const path = (el) => {
+    const parts = [];
+    for (let e = el; e && e !== document.body; e = e.parentElement) parts.unshift(name(e));
+    return parts.slice(-4).join(" > ");
+  };
+  const inScroller = (el) => {
+    for (let e = el.parentElement; e && e !== document.body; e = e.parentElement) {
+      if (["auto", "scroll", "hidden", "clip"].includes(getComputedStyle(e).overflowX)) return true;
+    }
+    return false;
+  };
+  const offenders = [];
+  for (const el of document.body.querySelectorAll("*")) {
+    if (!el.checkVisibility({checkOpacity: true, checkVisibilityCSS: true})) continue;
+    const rect = el.getBoundingClientRect();
+    if (rect.width === 0 || rect.height === 0 || rect.right <= width + 0.5) continue;
+    if (inScroller(el) || offenders.some((o) => o.el.contains(el))) continue;
+    offenders.push({el, text: `${path(el)} (right edge ${Math.round(rect.right)} px) ` +
+                              JSON.stringify((el.textContent || "").trim().replace(/\\s+/g, " ").slice(0, 60))});
+  }
+  return {
+    scrollWidth: document.documentElement.scrollWidth, innerWidth: width,
+    offenders: offenders.slice(0, 8).map((o) => o.text),
+  };
+}"""
+
+
+def overflow(page) -> list[str]:
+    """What sticks out of the window on the page open in `page` (empty when it all fits)."""
+    found = page.evaluate(OVERFLOW)
+    problems = []
+    if found["scrollWidth"] > found["innerWidth"]:
+        problems.append(f"the page scrolls sideways ({found['scrollWidth']} px wide in a "
+                        f"{found['innerWidth']} px window)")
+    return problems + found["offenders"]
+
+
+def dashboard_routes() -> set[str]:
+    """Every named route of the dashboard's namespaces, as "namespace:name"."""
+    resolver = get_resolver()
+    routes = set()
+    for namespace in NAMESPACES:
+        _prefix, sub = resolver.namespace_dict[namespace]
+        routes |= {f"{namespace}:{pattern.name}" for pattern in sub.url_patterns if pattern.name}
+    return routes
+
+
+def test_every_route_of_the_dashboard_is_a_checked_page_or_not_a_page():
+    pages = {page.url_name for page in PAGES if ":" in page.url_name}
+    assert dashboard_routes() == pages | set(NOT_PAGES), \
+        "a page of the dashboard is missing from e2e/test_layout.py PAGES (or a gone one is still listed)"
+    assert not pages & set(NOT_PAGES)
+
+
+def demo_ids(world) -> dict[str, int]:
+    """Real objects to open the detail pages on: the artist's VM, its host and GPU, and an
+    optimizer run carried out here; and a request of the artist's rejected (so both notification
+    pages have a row and the decided list one) and another pending."""
+    from django.contrib.auth.models import User
+
+    from fleet import requests as resize_requests
+    from fleet.models import VgpuProfile
+    from sizing import optimizer_runs
+    from sizing.suggestions import refresh_suggestions
+
+    refresh_suggestions()  # what the hourly beat task does
+    vm = world.artist.vms.filter(vgpus__isnull=False).order_by("name").first()
+    vgpu = vm.vgpus.select_related("gpu", "profile").first()
+    others = VgpuProfile.objects.filter(gpu_model=vgpu.profile.gpu_model).exclude(pk=vgpu.profile.pk)
+    admin, user = User.objects.get(username="admin"), world.artist.user
+    rejected = resize_requests.file_request(vm, user, others.order_by("fb_mib").first(), 1, "lookdev review")
+    resize_requests.reject(rejected, admin, "No room this week; ask again after the review.")
+    resize_requests.file_request(vm, user, others.order_by("-fb_mib").first(), 1, "heavier scenes this month")
+    run = optimizer_runs.start_run(None, include_suggestions=True)
+    optimizer_runs.execute_run(run.pk)
+    return {"host": vgpu.gpu.host_id, "gpu": vgpu.gpu_id, "gpu_model": vgpu.gpu.gpu_model_id, "vm": vm.pk,
+            "artist": world.artist.pk, "run": run.pk}
+
+
+def screenshot(page, path: Path) -> None:
+    """The whole page where that stays small (under 300 kB), else what the window shows."""
+    page.screenshot(path=str(path), full_page=True)
+    if path.stat().st_size > 300_000:
+        page.screenshot(path=str(path))
+
+
+def test_every_page_fits_the_window_at_375_1280_and_1920_px(page, rich_demo_world, tmp_path, monkeypatch):
+    """Each page, as the role that uses it, at each width: it loads, draws its charts and nothing
+    sticks out past the window's right edge. The failures of every page and width are listed
+    together, each naming the page, the width and the elements."""
+    from sizing import optimizer_runs
+
+    out = Path(os.environ.get("SCREENSHOT_DIR") or tmp_path)
+    out.mkdir(parents=True, exist_ok=True)
+    monkeypatch.setattr(optimizer_runs, "enqueue", lambda run_id: None)  # the run is carried out here
+    ids = demo_ids(rich_demo_world)
+    usernames = {"admin": "admin", "artist": rich_demo_world.artist.user.username}
+    failures: list[str] = []
+    signed_in = None
+    for spec in PAGES:
+        if spec.who != signed_in:
+            page.context.clear_cookies()
+            if spec.who is not None:
+                page.set_viewport_size({"width": 1280, "height": 800})
+                sign_in(page, usernames[spec.who])
+            signed_in = spec.who
+        url = reverse(spec.url_name, kwargs={"pk": ids[spec.arg]} if spec.arg else None) + spec.query
+        for width, height in WIDTHS.items():
+            page.set_viewport_size({"width": width, "height": height})
+            response = page.goto(url)
+            assert response.status == spec.status, f"{spec.name} ({url}) as {spec.who}: HTTP {response.status}"
+            page.wait_for_load_state("networkidle")
+            for chart in page.locator("[data-state]").all():
+                state = chart.get_attribute("data-state")
+                assert state in ("ready", "empty"), f"{spec.name} at {width} px: a chart is {state!r}"
+            problems = overflow(page)
+            if problems:
+                failures.append(f"{spec.name} ({url}) at {width} px:\n    " + "\n    ".join(problems))
+            screenshot(page, out / f"{spec.name}-{width}.png")
+    assert not failures, "elements past the window's right edge:\n" + "\n".join(failures)
+
+
+def menu_fits(page, width: int, what: str) -> None:
+    problems = overflow(page)
+    assert not problems, f"{what} at {width} px: " + "; ".join(problems)
+
+
+def test_the_menu_opens_by_keyboard_and_mouse_and_fits_at_each_width(page, tmp_path):
+    """An admin's five menus: each opens (Enter on its heading, or a click), fits the window at
+    each width, closes with Escape and when another opens; the page shown is marked in its
+    menu. On a phone the menus sit behind a "Menu" button, the section shown unfolded."""
+    from django.contrib.auth.models import User
+
+    from e2e.conftest import PASSWORD
+
+    out = Path(os.environ.get("SCREENSHOT_DIR") or tmp_path)
+    out.mkdir(parents=True, exist_ok=True)
+    User.objects.create_superuser("admin", "admin@studio.example", PASSWORD)
+    sign_in(page, "admin", next_path="/sizing/planner/")
+    groups = ["Fleet", "Telemetry", "Sizing", "Requests", "Admin"]
+    summary = {name: page.locator("details.navgroup > summary", has_text=name) for name in groups}
+
+    page.set_viewport_size({"width": 1280, "height": 800})
+    assert page.locator(".menu-toggle").is_hidden()
+    assert page.locator("details.navgroup.current > summary").inner_text().startswith("Sizing")
+    for name in groups:
+        summary[name].focus()
+        page.keyboard.press("Enter")
+        menu = page.locator("details.navgroup[open] .navmenu")
+        assert menu.count() == 1, name
+        assert menu.is_visible(), name
+        menu_fits(page, 1280, f"the {name} menu")
+        page.keyboard.press("Escape")
+        assert page.locator("details.navgroup[open]").count() == 0, name
+        assert page.evaluate("() => document.activeElement.textContent").startswith(name)
+    summary["Sizing"].click()
+    assert page.locator("details.navgroup[open] a[aria-current=page]").inner_text() == "Density planner"
+    page.screenshot(path=str(out / "menu-1280.png"), clip={"x": 0, "y": 0, "width": 1280, "height": 260})
+    summary["Fleet"].click()
+    assert page.locator("details.navgroup[open] > summary").inner_text() == "Fleet"
+    page.locator("details.navgroup[open] a", has_text="GPUs").click()
+    page.wait_for_url("**/gpus/")
+    assert page.locator("details.navgroup.current > summary").inner_text().startswith("Fleet")
+    assert page.locator("a[aria-current=page]").text_content() == "GPUs"  # in the closed Fleet menu
+
+    for width in (1920, 2560):
+        page.set_viewport_size({"width": width, "height": 1000})
+        for name in groups:
+            summary[name].click()
+            menu_fits(page, width, f"the {name} menu")
+        page.keyboard.press("Escape")
+
+    page.set_viewport_size({"width": 375, "height": 812})
+    toggle = page.locator(".menu-toggle")
+    assert toggle.is_visible()
+    assert page.locator("#topmenu").is_hidden()
+    toggle.click()
+    assert toggle.get_attribute("aria-expanded") == "true"
+    assert page.locator("details.navgroup[open] > summary").inner_text().startswith("Fleet")  # the section shown
+    menu_fits(page, 375, "the unfolded menu")
+    page.screenshot(path=str(out / "menu-375.png"))
+    for name in groups:
+        summary[name].click()
+        menu_fits(page, 375, f"the unfolded menu with {name} open")
+    page.keyboard.press("Escape")
+    assert page.locator("#topmenu").is_hidden()
+    assert toggle.get_attribute("aria-expanded") == "false"
