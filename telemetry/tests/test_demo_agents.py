@@ -89,11 +89,12 @@ def test_demo_agents_twice_keeps_the_tokens(demo_fleet, tmp_path):
 
 def test_demo_agents_in_compose_are_polled_by_service_name(demo_fleet, tmp_path):
     """In docker-compose the agents listen on 0.0.0.0 but the worker reaches them as agent-sim."""
-    call_command("demo_agents", "--dir", str(tmp_path), "--hosts", "poc-rtx6000",
-                 "--listen-host", "0.0.0.0", "--url-host", "agent-sim")
+    call_command("demo_agents", "--dir", str(tmp_path), "--listen-host", "0.0.0.0", "--url-host", "agent-sim")
     assert Agent.objects.get(name="poc-rtx6000").url == "http://agent-sim:9411"
     manifest = json.loads((tmp_path / "agents.json").read_text())
-    assert manifest[0]["listen"] == "0.0.0.0:9411"
+    ports = range(9411, 9411 + Host.objects.count())
+    assert [entry["listen"] for entry in manifest] == [f"0.0.0.0:{port}" for port in ports]
+    assert {agent.url for agent in Agent.objects.all()} == {f"http://agent-sim:{port}" for port in ports}
 
 
 def test_demo_agents_without_a_demo_fleet_says_what_to_run(tmp_path):
