@@ -39,7 +39,7 @@ run: install $(DEMO_SECRETS)
 	DEMO_ARTIST_PASSWORD="$${DEMO_ARTIST_PASSWORD:-$$(cat var/demo-artist-password)}" \
 	$(BIN)/python manage.py seed_demo
 	$(BIN)/python manage.py demo_agents --base-port $(AGENT_PORT)
-	@echo "Back-filling two weeks of demo history (first run only, about 20 s)..."
+	@echo "Back-filling two weeks of demo history for every demo host (first run only, a minute or two)..."
 	$(BIN)/python manage.py backfill_demo
 	$(BIN)/python manage.py refresh_suggestions
 	@echo "Serving http://$(HOST):$(PORT)/  (admin site: http://$(HOST):$(PORT)/admin/, API: /api/v1/, docs: /api/docs/)"
