@@ -8,6 +8,8 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 HOST ?= 127.0.0.1
 PORT ?= 8000
+# The demo's simulated agents listen on consecutive ports from this one, one per demo host.
+AGENT_PORT ?= 9411
 
 .PHONY: run test lint check install serve clean audit screenshots
 
@@ -36,12 +38,12 @@ run: install $(DEMO_SECRETS)
 	DEMO_ADMIN_PASSWORD="$${DEMO_ADMIN_PASSWORD:-$$(cat var/demo-admin-password)}" \
 	DEMO_ARTIST_PASSWORD="$${DEMO_ARTIST_PASSWORD:-$$(cat var/demo-artist-password)}" \
 	$(BIN)/python manage.py seed_demo
-	$(BIN)/python manage.py demo_agents
-	@echo "Back-filling two weeks of demo history (first run only, about 20 s)..."
+	$(BIN)/python manage.py demo_agents --base-port $(AGENT_PORT)
+	@echo "Back-filling two weeks of demo history for every demo host (first run only, a minute or two)..."
 	$(BIN)/python manage.py backfill_demo
 	$(BIN)/python manage.py refresh_suggestions
 	@echo "Serving http://$(HOST):$(PORT)/  (admin site: http://$(HOST):$(PORT)/admin/, API: /api/v1/, docs: /api/docs/)"
-	@echo "Starting 3 simulated agents, a Celery worker, beat and the web server; Ctrl-C stops them all."
+	@echo "Starting a simulated agent per demo host (one process), a Celery worker, beat and the web server; Ctrl-C stops them all."
 	$(BIN)/python manage.py runfleet $(HOST):$(PORT)
 
 # The web server alone (no worker, beat or agents: nothing is collected).

@@ -70,7 +70,7 @@ def sign_in(page, username: str, password: str = PASSWORD, next_path: str = "/")
 
 
 def build_demo_world(out_dir: Path, tiers: tuple[tuple[float, int], ...]) -> SimpleNamespace:
-    """The demo fleet (4 hosts, 3 with a simulated agent), a back-filled history of `tiers` and
+    """The demo fleet (4 hosts, each with a simulated agent), a back-filled history of `tiers` and
     a live state: every agent seen just now but one, which is stale. Built per test: browser
     tests commit (the live server is another thread), and the flush afterwards restores the
     catalog through serialized rollback."""

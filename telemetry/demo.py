@@ -1,10 +1,14 @@
 """Simulated agents for the demo fleet: scenario files from the inventory, Agent rows, token files.
 
 `write_demo_agents()` is what `manage.py demo_agents` runs, and `manage.py runfleet` starts the
-agents it lists. Each scenario is built from the inventory rows themselves (GPU UUIDs and PCI
-ids, VM UUIDs and names, profiles, artists' workflows), so the samples the simulated agents
-serve map onto the demo's GPUs and VMs, and a second run writes the same files and keeps each
-agent's token (tokens are derived from the agent's salt, which only a rotation changes).
+agents it lists (all of them in one process, `python -m telemetry.agent.simfleet`). Every host
+of the demo gets an agent, so no GPU or VM of the demo is left without figures. Each scenario
+is built from the inventory rows themselves (GPU UUIDs and PCI ids, VM UUIDs and names,
+profiles, artists' workflows) and the catalog's board limits (power limit and highest SM clock
+of each GPU model), so the samples the simulated agents serve map onto the demo's GPUs and
+VMs and stay within what those boards can draw and run at; a second run writes the same files
+and keeps each agent's token (tokens are derived from the agent's salt, which only a rotation
+changes).
 """
 
 from __future__ import annotations
@@ -16,8 +20,8 @@ from pathlib import Path
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Count
 
+from fleet.catalog import catalog_model
 from fleet.choices import GpuMode
 from fleet.demo import POC_HOST
 from fleet.models import Gpu, Host, Vgpu
@@ -48,31 +52,14 @@ class DemoAgent:
     vgpus: int
 
 
-def default_hosts(count: int = 3) -> list[Host]:
-    """The proof-of-concept host and the synthetic hosts with the most vGPUs, one per GPU model,
-    so the demo shows different boards; ties go to the first name."""
-    chosen: list[Host] = []
-    poc = Host.objects.filter(name=POC_HOST).first()
-    if poc is not None:
-        chosen.append(poc)
-    models_seen: set[int] = set()
-    candidates = (
-        Host.objects.exclude(name=POC_HOST)
-        .annotate(vgpu_count=Count("gpus__vgpus"))
-        .filter(vgpu_count__gt=0)
-        .order_by("-vgpu_count", "name")
-    )
-    for host in candidates:
-        if len(chosen) >= count:
-            break
-        model_ids = set(Gpu.objects.filter(host=host).values_list("gpu_model_id", flat=True))
-        if model_ids & models_seen:
-            continue
-        models_seen |= model_ids
-        chosen.append(host)
-    if not chosen:
-        raise DemoAgentsError("no demo hosts with vGPUs: run `manage.py seed_demo` first")
-    return chosen
+def demo_hosts() -> list[Host]:
+    """Every host with a GPU in vGPU mode, the proof-of-concept host first, then by name: the
+    hosts a simulated agent can report (a host whose GPUs all go whole to VMs has nothing its
+    own driver sees)."""
+    hosts = list(Host.objects.filter(gpus__mode=GpuMode.VGPU).distinct().order_by("name"))
+    if not hosts:
+        raise DemoAgentsError("no demo hosts with GPUs in vGPU mode: run `manage.py seed_demo` first")
+    return sorted(hosts, key=lambda host: host.name != POC_HOST)
 
 
 def host_scenario(host: Host, timezone: str | None = None) -> dict:
@@ -94,6 +81,7 @@ def host_scenario(host: Host, timezone: str | None = None) -> dict:
                 "pci_bus_id": gpu.pci_bus_id,
                 "fb_total_mib": gpu.gpu_model.fb_mib,
                 "virtualization_mode": "vgpu_host",
+                **board_limits(gpu.gpu_model.name),
                 "vgpus": [
                     {
                         "vm_name": vgpu.vm.name,
@@ -110,6 +98,15 @@ def host_scenario(host: Host, timezone: str | None = None) -> dict:
         ],
         timezone=timezone,
     )
+
+
+def board_limits(model_name: str) -> dict:
+    """The scenario keys that hold a simulated GPU of `model_name` within its board's limits
+    (catalog); none for a model the catalog lacks (the sim's defaults apply)."""
+    model = catalog_model(model_name)
+    if model is None:
+        return {}
+    return {"power_limit_w": model.power_limit_w, "max_sm_clock_mhz": model.max_sm_clock_mhz}
 
 
 def _write_private(path: Path, text: str) -> None:
@@ -133,7 +130,7 @@ def write_demo_agents(
 
     `url_host` is the name the collector reaches the agents by, when it differs from the
     address they listen on (docker-compose: listen on 0.0.0.0, polled as agent-sim)."""
-    hosts = hosts if hosts is not None else default_hosts()
+    hosts = hosts if hosts is not None else demo_hosts()
     out_dir.mkdir(parents=True, exist_ok=True)
     os.chmod(out_dir, 0o700)
     timezone = settings.TIME_ZONE

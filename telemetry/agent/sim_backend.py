@@ -18,7 +18,9 @@ Workload model per vGPU (DESIGN.md: modeling, animation, lighting, idle nights a
   base, the largest frame buffer use;
 - user_type scales the load: light 0.7x, medium 1x, heavy 1.3x GPU (frame buffer less so).
 Per-GPU figures aggregate its vGPUs (utilizations summed and clipped at 100 %, frame buffer
-summed), and temperature, power and SM clock follow the GPU's utilization.
+summed), and temperature, power and SM clock follow the GPU's utilization, power up to just
+under the scenario's `power_limit_w` and the SM clock up to its `max_sm_clock_mhz` (the
+board's limits: fleet/catalog.py).
 """
 
 from __future__ import annotations
@@ -222,7 +224,10 @@ class SimBackend:
         util = min(100, sum(v["util_gpu"] for v in vgpus))
         limit_w = float(gpu.get("power_limit_w", 250))
         idle_w = 0.09 * limit_w
-        power_w = round(idle_w + (limit_w - idle_w) * (util / 100.0) ** 1.2, 1)
+        # Under full load the driver's power capping holds the board just below its limit (the SW
+        # power cap reason below), so no reading exceeds it, even rounded for display.
+        capped_w = 0.985 * limit_w
+        power_w = round(idle_w + (capped_w - idle_w) * (util / 100.0) ** 1.2, 1)
         seed = gpu["uuid"]
         if util < 3:
             sm_clock = 300

@@ -229,3 +229,26 @@ def test_under_a_low_open_file_limit_the_agent_lowers_its_cap_and_keeps_answerin
         process.send_signal(signal.SIGTERM)
         process.wait(timeout=10)
         process.stderr.close()
+
+
+@pytest.mark.parametrize(
+    ("manifest", "message"),
+    [
+        (None, "manifest {path} does not exist (run `manage.py demo_agents` first)"),
+        ("[]", "manifest {path} must be a non-empty JSON list of agents"),
+        ('[{"name": "a16-01", "listen": "127.0.0.1:0", "scenario": "a16-01.json"}]',
+         "manifest {path}: entry 0 lacks 'token_file'"),
+    ],
+    ids=["missing", "empty", "no-token-file"],
+)
+def test_simfleet_refuses_a_manifest_it_cannot_serve_and_says_why(tmp_path, manifest, message):
+    path = tmp_path / "agents.json"
+    if manifest is not None:
+        path.write_text(manifest, encoding="utf-8")
+    result = subprocess.run(
+        [sys.executable, "-S", "-m", "telemetry.agent.simfleet", "--manifest", str(path)],
+        cwd=REPO, env=clean_env(), capture_output=True, text=True, timeout=30,
+    )
+    assert result.returncode == 2
+    assert result.stderr.startswith("telemetry.agent.simfleet: error: " + message.format(path=path))
+    assert "Traceback" not in result.stderr

@@ -11,12 +11,12 @@ class Command(BaseCommand):
         "Prepare simulated agents for the demo fleet (run seed_demo first): a scenario file and a token "
         "file (chmod 600) per host under var/agents/, built from the inventory so samples map to the demo's "
         "GPUs and VMs, and an Agent row per host polling http://127.0.0.1:9411, 9412, ... `manage.py runfleet` "
-        "starts them. Safe to run again: tokens are kept."
+        "starts them (one process serves them all). Safe to run again: tokens are kept."
     )
 
     def add_arguments(self, parser):
         parser.add_argument("--hosts", default="",
-                            help="comma-separated host names (default: poc-rtx6000 and two synthetic hosts)")
+                            help="comma-separated host names (default: every host with a GPU in vGPU mode)")
         parser.add_argument("--dir", default=str(demo.DEFAULT_DIR), help="output folder (default var/agents)")
         parser.add_argument("--base-port", type=int, default=demo.DEFAULT_BASE_PORT,
                             help=f"port of the first agent; the next ones follow (default {demo.DEFAULT_BASE_PORT})")

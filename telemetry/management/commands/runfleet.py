@@ -1,9 +1,10 @@
 """`manage.py runfleet`: the whole embedded product in one terminal.
 
-Starts the simulated agents listed by `demo_agents`, a Celery worker, Celery beat and the
-development web server as child processes, prints their output line by line with a name
-prefix, and stops them all on Ctrl-C or SIGTERM, or as soon as one of them exits (a fleet
-with a dead worker would look alive while collecting nothing).
+Starts the simulated agents listed by `demo_agents` (one process serving every host's agent
+on its own port, `telemetry.agent.simfleet`), a Celery worker, Celery beat and the development
+web server as child processes, prints their output line by line with a name prefix, and stops
+them all on Ctrl-C or SIGTERM, or as soon as one of them exits (a fleet with a dead worker
+would look alive while collecting nothing).
 
 Each child runs in its own session (process group), so Ctrl-C reaches this launcher only and
 every child gets exactly one SIGTERM from it: Celery's worker takes a second signal as "cold
@@ -42,9 +43,9 @@ class Child:
 
 class Command(BaseCommand):
     help = (
-        "Run the embedded fleet: the simulated agents written by demo_agents, a Celery worker (thread pool), "
-        "Celery beat (schedule in the database) and the development web server; output prefixed by process; "
-        "Ctrl-C stops them all."
+        "Run the embedded fleet: the simulated agents written by demo_agents (one process, a port per host), "
+        "a Celery worker (thread pool), Celery beat (schedule in the database) and the development web server; "
+        "output prefixed by process; Ctrl-C stops them all."
     )
 
     def add_arguments(self, parser):
@@ -103,11 +104,10 @@ class Command(BaseCommand):
             if not agents:
                 raise CommandError(f"no simulated agents in {options['agents_dir']}: run `manage.py demo_agents` "
                                    f"first, or pass --no-agents")
-            for agent in agents:
-                children.append(Child(f"agent:{agent.name}", [
-                    python, "-m", "telemetry.agent", "--listen", agent.listen, "--token-file", agent.token_file,
-                    "--backend", "sim", "--scenario", agent.scenario,
-                ]))
+            children.append(Child("agents", [
+                python, "-m", "telemetry.agent.simfleet",
+                "--manifest", str(Path(options["agents_dir"]) / demo.MANIFEST_NAME),
+            ]))
         celery = [python, "-m", "celery", "-A", "config"]
         children.append(Child("worker", [
             *celery, "worker", "--loglevel", "INFO", "--pool", "threads", "--concurrency", str(options["concurrency"]),
