@@ -23,7 +23,7 @@ from django.core.exceptions import ImproperlyConfigured
 
 from config.secrets import env_secret
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 SECRET_ENV = ("SECRET_KEY", "DATABASE_URL", "POSTGRES_PASSWORD", "REDIS_URL", "CELERY_BROKER_URL",
               "AGENT_TOKEN_KEY", "EMAIL_HOST_PASSWORD", "METRICS_TOKEN")
 

@@ -15,8 +15,8 @@ import ast
 import re
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = ("fleet", "telemetry", "sizing", "config")
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("fleet", "telemetry", "sizing", "dashboard", "config")
 
 
 def sources() -> list[Path]:
