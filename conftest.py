@@ -1,9 +1,46 @@
-"""Fixtures shared by every app's tests."""
+"""Fixtures shared by every app's tests, and the two tiers of the suite.
+
+Tiers: a test is `slow` when it starts services of its own (faults/: PostgreSQL, Redis, worker
+and agents; e2e/: a browser on the live server; a real Celery worker or `runfleet`), runs
+subprocesses of the product, or generates its cases (Hypothesis, schemathesis); every other
+test is fast. The marker is given here, by path and by kind, not in each file: `make test-fast`
+runs `-m "not slow"`, `make test` runs both tiers together in parallel workers (pytest-xdist).
+"""
 
 import pytest
 from rest_framework.test import APIClient
 
 from fleet.tests.factories import ArtistFactory, UserFactory
+
+#: Test files (or folders, ending in /) of the slow tier, relative to the repository root.
+SLOW_PATHS = (
+    "e2e/",
+    "faults/",
+    "fleet/tests/test_api_fuzz.py",
+    "fleet/tests/test_deploy_settings.py",
+    "fleet/tests/test_placement_properties.py",
+    "sizing/tests/test_optimizer_exact.py",
+    "sizing/tests/test_optimizer_properties.py",
+    "telemetry/tests/test_demo_agents.py",
+    "telemetry/tests/test_worker.py",
+)
+
+
+def _is_slow(item: pytest.Item) -> bool:
+    path = item.nodeid.split("::", 1)[0]
+    if any(path.startswith(slow) if slow.endswith("/") else path == slow for slow in SLOW_PATHS):
+        return True
+    return getattr(getattr(item, "obj", None), "is_hypothesis_test", False)
+
+
+def pytest_collection_modifyitems(config, items):
+    """Mark the slow tier (before `-m` deselects), and keep each service-starting suite on one
+    xdist worker: the fault tests share one private PostgreSQL cluster per worker process."""
+    for item in items:
+        if _is_slow(item):
+            item.add_marker(pytest.mark.slow)
+        if item.nodeid.startswith("faults/"):
+            item.add_marker(pytest.mark.xdist_group("faults"))
 
 
 @pytest.fixture(autouse=True)
