@@ -34,8 +34,9 @@ def _is_slow(item: pytest.Item) -> bool:
 
 
 def pytest_collection_modifyitems(config, items):
-    """Mark the slow tier (before `-m` deselects), and keep each service-starting suite on one
-    xdist worker: the fault tests share one private PostgreSQL cluster per worker process."""
+    """Mark the slow tier (before `-m` deselects), and keep the fault tests on one xdist worker:
+    they share one private PostgreSQL cluster per worker process. `--dist loadgroup` hands out
+    the largest group first, so the longest stretch of work does not start last."""
     for item in items:
         if _is_slow(item):
             item.add_marker(pytest.mark.slow)
