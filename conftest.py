@@ -2,8 +2,8 @@
 
 Tiers: a test is `slow` when it starts services of its own (faults/: PostgreSQL, Redis, worker
 and agents; e2e/: a browser on the live server; a real Celery worker or `runfleet`), runs
-subprocesses of the product, or generates its cases (Hypothesis, schemathesis, the bad-input
-walk over every URL, form and changelist); every other test is fast. The marker is given here,
+subprocesses of the product, or generates its cases (Hypothesis, schemathesis, the walks over
+every URL, form and changelist with bad input or every role); every other test is fast. The marker is given here,
 by path and by kind, not in each file: `make test-fast` runs `-m "not slow"`, `make test` runs
 both tiers together in parallel workers (pytest-xdist).
 """
@@ -21,6 +21,7 @@ SLOW_PATHS = (
     "fleet/tests/test_deploy_settings.py",
     "fleet/tests/test_placement_properties.py",
     "fleet/tests/test_security_bad_input.py",
+    "fleet/tests/test_security_matrix.py",
     "sizing/tests/test_optimizer_exact.py",
     "sizing/tests/test_optimizer_properties.py",
     "telemetry/tests/test_demo_agents.py",
