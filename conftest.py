@@ -3,9 +3,9 @@
 Tiers: a test is `slow` when it starts services of its own (faults/: PostgreSQL, Redis, worker
 and agents; e2e/: a browser on the live server; a real Celery worker or `runfleet`), runs
 subprocesses of the product, or generates its cases (Hypothesis, schemathesis, the walks over
-every URL, form and changelist with bad input or every role); every other test is fast. The marker is given here,
-by path and by kind, not in each file: `make test-fast` runs `-m "not slow"`, `make test` runs
-both tiers together in parallel workers (pytest-xdist).
+every URL, form and changelist with bad input or every role); every other test is fast. The
+marker is given here, by path and by kind, not in each file: `make test-fast` runs
+`-m "not slow"`, `make test` runs both tiers together in parallel workers (pytest-xdist).
 """
 
 import pytest
