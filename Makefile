@@ -11,7 +11,7 @@ PORT ?= 8000
 # The demo's simulated agents listen on consecutive ports from this one, one per demo host.
 AGENT_PORT ?= 9411
 
-.PHONY: run test lint check install serve clean audit screenshots
+.PHONY: run test test-fast test-slow lint check install serve clean audit screenshots
 
 # The virtualenv is rebuilt whenever a requirements file changes.
 $(VENV)/.installed: requirements.txt requirements-dev.txt
@@ -50,8 +50,22 @@ run: install $(DEMO_SECRETS)
 serve: install
 	$(BIN)/python manage.py runserver $(HOST):$(PORT)
 
+# The suite in two tiers (conftest.py): `slow` (tests that start services of their own: faults/,
+# e2e/, a real worker; subprocesses; generated cases) and the rest. `make test` runs both tiers
+# together in parallel worker processes (pytest-xdist, one per core unless PYTEST_WORKERS says),
+# and measures coverage against the floor in pyproject.toml; `make test-fast` is the quick check
+# while developing. pytest exits non-zero on a failure and when no test ran (exit code 5).
+PYTEST_WORKERS ?= auto
+PYTEST_PARALLEL = -n $(PYTEST_WORKERS) --dist loadgroup
+
 test: install
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest $(PYTEST_PARALLEL) --cov --cov-report=term $(PYTEST_ARGS)
+
+test-fast: install
+	$(BIN)/python -m pytest $(PYTEST_PARALLEL) -m "not slow" $(PYTEST_ARGS)
+
+test-slow: install
+	$(BIN)/python -m pytest $(PYTEST_PARALLEL) -m slow $(PYTEST_ARGS)
 
 lint: install
 	$(BIN)/ruff check .
@@ -74,4 +88,4 @@ audit:
 	$(AUDIT_VENV)/bin/pip-audit --strict --progress-spinner off -r requirements.txt -r requirements-dev.txt
 
 clean:
-	rm -rf $(VENV) $(AUDIT_VENV) db.sqlite3 .test-db.sqlite3 var staticfiles .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(AUDIT_VENV) db.sqlite3 .test-db.sqlite3* var staticfiles .pytest_cache .ruff_cache .coverage .coverage.*

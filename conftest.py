@@ -1,6 +1,14 @@
-"""Fixtures shared by every app's tests, the dashboard's and the whole-product tests in tests/.
+"""Fixtures shared by every app's tests, the dashboard's and the whole-product tests in tests/,
+and the two tiers of the suite. This file sits above the apps, so a fixture here may build rows
+of any of them.
 
-This file sits above the apps, so a fixture here may build rows of any of them."""
+Tiers: a test is `slow` when it starts services of its own (faults/: PostgreSQL, Redis, worker
+and agents; e2e/: a browser on the live server; a real Celery worker or `runfleet`), runs
+subprocesses of the product, or generates its cases (Hypothesis, schemathesis, the walks over
+every URL, form and changelist with bad input or every role); every other test is fast. The
+marker is given here, by path and by kind, not in each file: `make test-fast` runs
+`-m "not slow"`, `make test` runs both tiers together in parallel workers (pytest-xdist).
+"""
 
 from types import SimpleNamespace
 
@@ -21,6 +29,40 @@ from fleet.tests.factories import (
 
 #: Fixture modules of one app that tests of other apps use too.
 pytest_plugins = ["fleet.tests.request_world"]
+
+#: Test files (or folders, ending in /) of the slow tier, relative to the repository root.
+SLOW_PATHS = (
+    "e2e/",
+    "faults/",
+    "fleet/tests/test_placement_properties.py",
+    "tests/test_api_fuzz.py",
+    "tests/test_deploy_settings.py",
+    "tests/test_security_bad_input.py",
+    "tests/test_security_matrix.py",
+    "tests/test_import_direction.py",
+    "sizing/tests/test_optimizer_exact.py",
+    "sizing/tests/test_optimizer_properties.py",
+    "telemetry/tests/test_demo_agents.py",
+    "telemetry/tests/test_worker.py",
+)
+
+
+def _is_slow(item: pytest.Item) -> bool:
+    path = item.nodeid.split("::", 1)[0]
+    if any(path.startswith(slow) if slow.endswith("/") else path == slow for slow in SLOW_PATHS):
+        return True
+    return getattr(getattr(item, "obj", None), "is_hypothesis_test", False)
+
+
+def pytest_collection_modifyitems(config, items):
+    """Mark the slow tier (before `-m` deselects), and keep the fault tests on one xdist worker:
+    they share one private PostgreSQL cluster per worker process. `--dist loadgroup` hands out
+    the largest group first, so the longest stretch of work does not start last."""
+    for item in items:
+        if _is_slow(item):
+            item.add_marker(pytest.mark.slow)
+        if item.nodeid.startswith("faults/"):
+            item.add_marker(pytest.mark.xdist_group("faults"))
 
 
 @pytest.fixture(autouse=True)

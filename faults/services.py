@@ -61,13 +61,27 @@ def _ephemeral_start() -> int:
         return 32768
 
 
+def _port_range() -> tuple[int, int]:
+    """[low, high) of the ports this process may take: below the ephemeral range, and under
+    pytest-xdist a slice of its own for each worker (gw0, gw1, ...), so that two workers never
+    pick the same port between probing it and binding it."""
+    low, high = 20000, _ephemeral_start()
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0") or 0)
+    if worker.startswith("gw") and worker[2:].isdigit() and workers > 1:
+        size = (high - low) // workers
+        low += int(worker[2:]) % workers * size
+        high = low + size
+    return low, high
+
+
 def free_ports(count: int = 1) -> int:
     """The first of `count` consecutive free ports below the ephemeral range, so that no outgoing
     connection takes one meanwhile: a service restarted on its port finds it free again."""
-    top = _ephemeral_start()
+    low, top = _port_range()
     rng = random.Random()
     for _ in range(200):
-        first = rng.randrange(20000, top - count)
+        first = rng.randrange(low, top - count)
         if all(_bindable(first + i) for i in range(count)):
             return first
     raise RuntimeError("no free port found")

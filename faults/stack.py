@@ -65,21 +65,22 @@ class Web:
         self.opener = urllib.request.build_opener(urllib.request.HTTPCookieProcessor(self.cookies), self._NoRedirect)
         self.headers: dict[str, str] = {}
 
-    def request(self, method: str, path: str, body: dict | None = None) -> tuple[int, str, dict]:
+    def request(self, method: str, path: str, body: dict | None = None, timeout_s: float = 30) -> tuple[int, str, dict]:
+        """(status, body, headers); an answer that takes longer than `timeout_s` raises (a hang)."""
         data = None if body is None else json.dumps(body).encode()
         headers = {**self.headers, **({"Content-Type": "application/json"} if data else {})}
         req = urllib.request.Request(self.base + path, data=data, method=method, headers=headers)
         try:
-            with self.opener.open(req, timeout=30) as response:
+            with self.opener.open(req, timeout=timeout_s) as response:
                 return response.status, response.read().decode(), dict(response.headers)
         except urllib.error.HTTPError as exc:
             return exc.code, exc.read().decode(), dict(exc.headers)
 
-    def get(self, path: str) -> tuple[int, str, dict]:
-        return self.request("GET", path)
+    def get(self, path: str, timeout_s: float = 30) -> tuple[int, str, dict]:
+        return self.request("GET", path, timeout_s=timeout_s)
 
-    def post(self, path: str, body: dict) -> tuple[int, str, dict]:
-        return self.request("POST", path, body)
+    def post(self, path: str, body: dict, timeout_s: float = 30) -> tuple[int, str, dict]:
+        return self.request("POST", path, body, timeout_s=timeout_s)
 
 
 class Stack:

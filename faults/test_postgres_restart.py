@@ -41,16 +41,15 @@ def test_the_dashboard_answers_503_while_postgres_is_down_and_recovers_without_a
     before = sample_keys()
     connection.close()
     stack.cluster.stop()
-    down_for_s = time.monotonic()
-    status, body, headers = web.get("/")
+    # Failing, not hanging: each answer comes within the client's timeout (a hang raises).
+    status, body, headers = web.get("/", timeout_s=10)
     assert status == 503, body
     assert "cannot reach its database" in body
     assert "Traceback" not in body
     assert headers["Retry-After"] == "30"
-    status, body, _ = automation.get("/api/v1/hosts/")
+    status, body, _ = automation.get("/api/v1/hosts/", timeout_s=10)
     assert status == 503, body
     assert json.loads(body)["detail"].startswith("The dashboard cannot reach its database")
-    assert time.monotonic() - down_for_s < 10  # failing, not hanging
     time.sleep(4)  # two of beat's ticks fail meanwhile
     assert all(child.alive for child in stack.children), stack.outputs()
 

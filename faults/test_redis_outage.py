@@ -58,10 +58,8 @@ def test_collection_resumes_after_redis_restarts_and_nothing_stored_or_approved_
     assert wait_for(lambda: stack.web_child.count("could not send mail") >= 1, 15), stack.outputs()
     # An optimizer run needs the worker: the answer comes within seconds and says why the run did
     # not start; the run is kept, failed with that reason, and its page shows it.
-    asked_at = time.monotonic()
-    status, body, _ = automation.post("/api/v1/optimizer-runs/", {})
+    status, body, _ = automation.post("/api/v1/optimizer-runs/", {}, timeout_s=15)  # a hang raises
     assert status == 503, body
-    assert time.monotonic() - asked_at < 15
     answer = json.loads(body)
     assert answer["detail"] == ("Could not queue the run: the task queue (Redis) is unreachable; start it again "
                                 "once it is back.")

@@ -23,3 +23,14 @@ def test_ports_for_restarted_services_lie_below_the_ephemeral_range():
     """An outgoing connection could otherwise take a stopped service's port before it restarts."""
     first = free_ports(3)
     assert 20000 <= first < _ephemeral_start() - 3
+
+
+@pytest.mark.parametrize("worker", [0, 1])
+def test_each_xdist_worker_takes_ports_from_a_slice_of_its_own(monkeypatch, worker):
+    """Two workers starting services at once never probe the same port."""
+    monkeypatch.setenv("PYTEST_XDIST_WORKER", f"gw{worker}")
+    monkeypatch.setenv("PYTEST_XDIST_WORKER_COUNT", "2")
+    middle = 20000 + (_ephemeral_start() - 20000) // 2
+    first = free_ports(3)
+    assert (first >= middle) == (worker == 1)
+    assert 20000 <= first < _ephemeral_start() - 3

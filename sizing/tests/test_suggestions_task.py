@@ -12,16 +12,19 @@ from config.celery import app as celery_app
 from sizing import tasks
 from sizing.models import Suggestion
 from sizing.schedules import ensure_default_schedules
-from sizing.tests.suggestion_world import rtx_studio, this_hour, two_weeks_of_use
+from sizing.tests.suggestion_world import NOW, rtx_studio, two_weeks_of_use
 
 pytestmark = pytest.mark.django_db
 
 
 @pytest.fixture
-def world():
-    """The suggestion world with its two weeks ending now: the task and command judge the real now."""
+def world(time_machine):
+    """The suggestion world with its two weeks ending at the hour in progress, which the task and
+    command judge by the clock: it stands still at NOW (half past ten), so the hour cannot turn
+    between writing the rollups and the run."""
+    time_machine.move_to(NOW, tick=False)
     world = rtx_studio()
-    two_weeks_of_use(world, end=this_hour())
+    two_weeks_of_use(world)
     return world
 
 

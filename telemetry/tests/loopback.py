@@ -5,7 +5,8 @@
   reports maps onto those rows.
 - `FakeAgent(behaviour)`: a stdlib `http.server` answering GET /v1/metrics the way a broken
   agent would: too slow, HTTP 500, invalid JSON, the wrong shape, an endless body, a clock
-  an hour off, one byte at a time.
+  an hour off, one byte at a time. It records when each request arrived and when its handling
+  ended (`calls`, monotonic stamps), so a test can tell which requests were in flight together.
 - `closed_port_url()`: a URL on which nothing listens (connection refused).
 - `inventory_host(...)`: a host with GPUs and placed vGPUs to poll.
 
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import select
 import socket
 import socketserver
 import threading
@@ -103,6 +105,10 @@ class FakeAgent(ThreadingHTTPServer):
         self.content_type = content_type
         self.requests = 0
         self.bytes_sent = 0
+        #: (arrived, ended) of each request handled, time.monotonic() stamps.
+        self.calls: list[tuple[float, float]] = []
+        self._in_flight = 0
+        self._settled = threading.Condition()
         super().__init__(("127.0.0.1", 0), _FakeHandler)
 
     def server_bind(self):
@@ -127,6 +133,10 @@ class FakeAgent(ThreadingHTTPServer):
         self.shutdown()
         self.server_close()
         self._thread.join(timeout=5)
+        # The handlers run in threads of their own: let those still ending (after the collector
+        # hung up) record their stamps before the test reads them.
+        with self._settled:
+            self._settled.wait_for(lambda: self._in_flight == 0, timeout=5)
 
 
 class _FakeHandler(BaseHTTPRequestHandler):
@@ -146,11 +156,26 @@ class _FakeHandler(BaseHTTPRequestHandler):
 
     def do_GET(self):
         server = self.server
+        arrived = time.monotonic()
+        with server._settled:
+            server._in_flight += 1
+        try:
+            self._answer(server)
+        finally:
+            with server._settled:
+                server.calls.append((arrived, time.monotonic()))
+                server._in_flight -= 1
+                server._settled.notify_all()
+
+    def _answer(self, server: FakeAgent) -> None:
         server.requests += 1
         behaviour = server.behaviour
         if behaviour == "slow":
-            time.sleep(server.delay_s)
-            self._reply(200, json.dumps(server.payload).encode())
+            # Answers after `delay_s`, unless the collector gives up first and hangs up (the
+            # socket turns readable at its end of file): the call then ends when it gave up.
+            hung_up, _, _ = select.select([self.connection], [], [], server.delay_s)
+            if not hung_up:
+                self._reply(200, json.dumps(server.payload).encode())
         elif behaviour == "http500":
             self._reply(500, b'{"error": "collection failed; see the agent\'s log"}')
         elif behaviour == "invalid_json":

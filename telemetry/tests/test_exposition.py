@@ -2,7 +2,7 @@
 may read it: a scraper with METRICS_TOKEN or a staff user (API token or session), from loopback
 as from anywhere; anonymous callers, wrong tokens and artists are refused."""
 
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from django.db import connection
@@ -17,6 +17,9 @@ from telemetry.models import Agent, AgentKind
 from telemetry.tests.rollup_world import gpu_samples, studio, vgpu_samples
 
 SCRAPE_TOKEN = "s3cret-scrape-token"
+#: The clock stands still at this instant in every test here: ages are exact.
+NOW = datetime(2026, 3, 4, 12, 0, 30, tzinfo=UTC)
+pytestmark = pytest.mark.time_machine(NOW, tick=False)
 SCRAPER = {"HTTP_AUTHORIZATION": f"Bearer {SCRAPE_TOKEN}"}
 
 
@@ -67,7 +70,7 @@ def test_gpu_gauges_carry_inventory_labels_and_newest_values(world):
     assert value(metrics, "vgpu_fleet_gpu_power_watts", **labels) == 233.5
     assert value(metrics, "vgpu_fleet_gpu_sm_clock_mhz", **labels) == 2040.0
     assert value(metrics, "vgpu_fleet_gpu_decoder_utilization_percent", **labels) == 2.0
-    assert 10 <= value(metrics, "vgpu_fleet_gpu_sample_age_seconds", **labels) < 60
+    assert value(metrics, "vgpu_fleet_gpu_sample_age_seconds", **labels) == 15  # the newer one, 25 - 10 s ago
     # Not reported by the GPU: no series at all, never a 0.
     assert metrics["vgpu_fleet_gpu_encoder_utilization_percent"] == []
 
@@ -135,7 +138,7 @@ def test_agent_gauges(world):
     assert value(metrics, "vgpu_fleet_agent_up", agent="agent-stale", host="") == 0
     assert value(metrics, "vgpu_fleet_agent_up", agent="agent-new") == 0
     assert "agent-off" not in {labels["agent"] for labels, _ in metrics["vgpu_fleet_agent_up"]}
-    assert 3500 < value(metrics, "vgpu_fleet_agent_last_seen_age_seconds", agent="agent-stale") < 3700
+    assert value(metrics, "vgpu_fleet_agent_last_seen_age_seconds", agent="agent-stale") == 3600
     assert {labels["agent"] for labels, _ in metrics["vgpu_fleet_agent_last_seen_age_seconds"]} == {
         "agent-ok", "agent-stale",
     }

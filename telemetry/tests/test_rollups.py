@@ -281,9 +281,10 @@ def test_build_refuses_a_step_without_rollups():
 # The task -----------------------------------------------------------------------------------
 
 
-def test_task_builds_both_steps_and_reports_in_json(world):
-    now = datetime.now(UTC)
-    start = bucket_floor(now, 3600) - timedelta(hours=2)
+def test_task_builds_both_steps_and_reports_in_json(world, time_machine):
+    # The task reads the clock: stopped mid-hour, so no bucket closes between here and the run.
+    time_machine.move_to(at(1800), tick=False)
+    start = bucket_floor(T0, 3600) - timedelta(hours=2)
     gpu_samples(world.gpu_1, start, 120, every_s=60, util_gpu=40.0)
     vgpu_samples(world.vm_ana, world.gpu_1, start, 120, every_s=60, fb_used_mib=4096.0)
 
