@@ -23,8 +23,8 @@ from collections.abc import Callable, Iterable, Sequence
 
 from fleet import placement
 from fleet.placement import ProfileSpec
+from fleet.snapshot import FleetSnapshot
 from sizing.packing import Arrival, Layout, WorkGpu, WorkVm, gpu_lower_bound
-from sizing.snapshot import FleetSnapshot
 
 Report = Callable[[float, str], None]  # progress: (fraction of the run, stage)
 

@@ -1,11 +1,11 @@
 """Right-sizing suggestions: refreshed from the hourly rollups, then accepted, dismissed or restored.
 
 `refresh_suggestions` is the hourly beat task's work (`sizing.tasks`): it reads the fleet once
-(`sizing.queries.fleet_snapshot`), streams every VM's hourly rollups over the window in one
+(`fleet.queries.fleet_snapshot`), streams every VM's hourly rollups over the window in one
 query, asks the pure engine (`sizing.engine.advise`) what each VM should hold and, for a resize,
-where the new size would fit (`sizing.impact.ImpactCalculator`), then upserts one `Suggestion` per
-VM. The query count is the same for ten VMs as for ten thousand (apart from the insert batches),
-and memory holds one VM's rollups at a time.
+where the new size would fit (`fleet.fit.ImpactCalculator`, the answer approval follows), then
+upserts one `Suggestion` per VM. The query count is the same for ten VMs as for ten thousand
+(apart from the insert batches), and memory holds one VM's rollups at a time.
 
 A dismissal hides a suggestion while its `evidence_key` (a coarse digest of the advice and its
 figures, `sizing.engine.evidence_key`) stays what it was dismissed on; once a refresh changes the
@@ -32,12 +32,12 @@ from django.utils import timezone
 
 from fleet import audit, locks
 from fleet.choices import ResizeStatus
+from fleet.fit import ImpactCalculator
 from fleet.models import ResizeRequest, Vgpu
+from fleet.queries import fleet_snapshot
+from fleet.snapshot import FleetSnapshot
 from sizing import engine
-from sizing.impact import ImpactCalculator
 from sizing.models import Suggestion, SuggestionAction
-from sizing.queries import fleet_snapshot
-from sizing.snapshot import FleetSnapshot
 from telemetry.aggregation import bucket_floor
 from telemetry.models import VmRollup
 

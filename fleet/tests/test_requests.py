@@ -125,10 +125,10 @@ def test_a_profile_limits_vgpus_per_vm(fleet_world, artist_api):
 def test_a_vm_with_several_vgpus_keeps_its_series(artist, artist_api):
     a40 = gpu_model("NVIDIA A40")
     vm = VirtualMachineFactory(name="ws-a40", artist=artist)
-    gpu = GpuFactory(host=HostFactory(name="host-a40"), gpu_model=a40)
+    host = HostFactory(name="host-a40")
     q24 = VgpuProfile.objects.get(gpu_model=a40, series="Q", fb_mib=24576)
-    for _ in range(2):
-        services.place_vgpu(vm, gpu, q24)
+    for _ in range(2):  # each vGPU of the VM on a GPU of its own
+        services.place_vgpu(vm, GpuFactory(host=host, gpu_model=a40), q24)
     other_series = VgpuProfile.objects.filter(gpu_model=a40).exclude(series="Q").order_by("pk").first()
     body = {"vm": vm.pk, "requested_profile": other_series.pk, "requested_vgpus": 2, "reason": "compute"}
     response = artist_api.post(URL, body, format="json")

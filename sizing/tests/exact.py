@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from ortools.sat.python import cp_model
 
-from sizing.snapshot import FleetSnapshot
+from fleet.snapshot import FleetSnapshot
 
 
 @dataclass(frozen=True)

@@ -12,10 +12,10 @@ import dataclasses
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from fleet.fit import MOVE, NOWHERE, SAME_GPU, ImpactCalculator, resize_impact
 from fleet.placement import GpuState, HostState, PlacedVgpu, Rule, VmState, VmVgpu, check_placement
+from fleet.snapshot import FleetSnapshot
 from fleet.tests.test_placement import all_profile_names, model_spec, profile_spec
-from sizing.impact import MOVE, NOWHERE, SAME_GPU, ImpactCalculator, resize_impact
-from sizing.snapshot import FleetSnapshot
 
 
 class Fleet:
@@ -26,8 +26,10 @@ class Fleet:
         self.gpus: dict[int, GpuState] = {}
         self.vms: dict[int, VmState] = {}
 
-    def host(self, host_id: int, name: str, *, cpu_threads: int = 64, ram_gib: int = 512) -> Fleet:
-        self.hosts[host_id] = HostState(id=host_id, name=name, cpu_threads=cpu_threads, ram_gib=ram_gib)
+    def host(self, host_id: int, name: str, *, cpu_threads: int = 64, ram_gib: int = 512,
+             same_gpu: bool = False) -> Fleet:
+        self.hosts[host_id] = HostState(id=host_id, name=name, cpu_threads=cpu_threads, ram_gib=ram_gib,
+                                        multi_vgpu_same_gpu=same_gpu)
         return self
 
     def gpu(self, gpu_id: int, host_id: int, code: str = "RTX6000", *, size_mode: str = "equal") -> Fleet:
@@ -84,23 +86,37 @@ def test_a_12q_beside_another_12q_moves_to_an_empty_gpu_for_a_24q():
     assert result.detail == "Needs a move to GPU gpu3 (empty) on host a; takes 1 more GPU"
 
 
-def test_a_24q_shrinking_to_12q_joins_another_12q_and_frees_its_gpu():
+def test_a_24q_shrinking_to_12q_stays_in_place_and_says_a_move_would_free_its_gpu():
+    # Joining the 12Q on host b would free GPU 1, but the VM fits where it is: approval keeps it
+    # there (no migration for the artist) and the admin is told what a move would free.
     fleet = (Fleet().host(1, "a").host(2, "b").gpu(1, 1).gpu(2, 2)
              .place(10, 1, "RTX6000-24Q").place(11, 2, "RTX6000-12Q"))
     result = impact(fleet, 10, "RTX6000-12Q")
-    assert (result.fits, result.gpu_ids, result.host_id, result.gpus_delta) == (MOVE, (2,), 2, -1)
-    assert result.fits_in_place  # it would fit where it is, but that frees nothing
-    assert result.detail == ("Fits on its GPU gpu1, but a move to GPU gpu2 (holds RTX6000-12Q vGPUs with a free "
-                             "slot) on host b frees 1 GPU")
+    assert (result.fits, result.gpu_ids, result.host_id, result.gpus_delta) == (SAME_GPU, (1,), 1, 0)
+    assert result.fits_in_place
+    assert result.frees_by_moving == 1
+    assert result.detail == "Fits on its GPU gpu1; a move would free 1 more GPU (the optimizer can plan it)"
 
 
 def test_a_move_goes_to_the_fullest_gpu_in_use():
-    # An 8Q alone on GPU 1 shrinking to 4Q: GPU 2 holds three 4Q, GPU 3 one; both have slots.
+    # An 8Q beside another VM's 8Q on GPU 1 shrinking to 4Q (the equal-size rule refuses it in
+    # place): GPU 2 holds three 4Q, GPU 3 one; both have slots.
     fleet = (Fleet().host(1, "a").gpu(1, 1).gpu(2, 1).gpu(3, 1).place(10, 1, "RTX6000-8Q")
+             .place(15, 1, "RTX6000-8Q")
              .place(11, 2, "RTX6000-4Q").place(12, 2, "RTX6000-4Q").place(13, 2, "RTX6000-4Q")
              .place(14, 3, "RTX6000-4Q"))
     result = impact(fleet, 10, "RTX6000-4Q")
-    assert (result.fits, result.gpu_ids, result.gpus_delta) == (MOVE, (2,), -1)
+    assert (result.fits, result.gpu_ids, result.gpus_delta) == (MOVE, (2,), 0)
+
+
+def test_a_move_stays_on_its_host_before_a_host_that_would_free_more():
+    # GPU 1 holds the VM's 12Q and another 12Q: a 24Q does not fit in place. Host a has an empty
+    # GPU 2; host b has nothing free either... but host c's empty GPU is no better than GPU 2,
+    # and a move off the host is a migration: GPU 2 of its own host is chosen.
+    fleet = (Fleet().host(1, "a").host(3, "c").gpu(1, 1).gpu(2, 1).gpu(3, 3)
+             .place(10, 1, "RTX6000-12Q").place(11, 1, "RTX6000-12Q"))
+    result = impact(fleet, 10, "RTX6000-24Q")
+    assert (result.fits, result.gpu_ids, result.host_id) == (MOVE, (2,), 1)
 
 
 def test_no_room_anywhere_says_so_and_why_not_in_place():
@@ -108,8 +124,10 @@ def test_no_room_anywhere_says_so_and_why_not_in_place():
              .place(10, 1, "RTX6000-12Q").place(11, 1, "RTX6000-12Q").place(12, 2, "RTX6000-24Q"))
     result = impact(fleet, 10, "RTX6000-24Q")
     assert (result.fits, result.gpu_ids, result.host_id, result.gpus_delta) == (NOWHERE, (), None, 0)
-    assert result.detail == "No GPU in the fleet has room for 1 x RTX6000-24Q"
+    assert result.detail == "No host has room for 1 x RTX6000-24Q"
     assert any("equal-size mode" in v for v in result.violations)
+    assert result.refusals == ("On host a: no GPU has room for RTX6000-24Q (RTX6000-24Q needs 24576 MiB; GPU gpu1 "
+                               "has 12288 MiB free of 24576 MiB).",)
 
 
 def test_a_host_without_vcpus_left_is_passed_over_for_one_with_room():
@@ -161,7 +179,7 @@ def test_a_quadro_multi_vgpu_vm_cannot_take_partial_profiles_anywhere():
              .place(10, 1, "RTX6000-24Q").place(10, 2, "RTX6000-24Q"))
     result = impact(fleet, 10, "RTX6000-12Q")
     assert result.fits == NOWHERE
-    assert result.detail == "No GPU in the fleet has room for 2 x RTX6000-12Q"
+    assert result.detail == "No host has room for 2 x RTX6000-12Q"
     assert any("may only use full-GPU profiles" in v for v in result.violations)
 
 
@@ -186,6 +204,39 @@ def test_the_calculator_answers_many_vms_like_single_calls():
             assert calculator.impact(vm_id, profile_spec(name)) == resize_impact(snapshot, vm_id, profile_spec(name))
 
 
+# Several vGPUs of one VM: a GPU of its own for each, unless the host allows sharing ----------
+
+
+def _l40s_host(gpus: int, *, same_gpu: bool = False) -> Fleet:
+    fleet = Fleet().host(1, "a", same_gpu=same_gpu)
+    for gpu_id in range(1, gpus + 1):
+        fleet.gpu(gpu_id, 1, "L40S")
+    return fleet.place(10, 1, "L40S-12Q")
+
+
+def test_two_and_four_vgpus_each_take_a_gpu_of_their_own():
+    assert impact(_l40s_host(2), 10, "L40S-12Q", vgpus=2).gpu_ids == (1, 2)
+    result = impact(_l40s_host(4), 10, "L40S-12Q", vgpus=4)
+    assert (result.fits, result.gpu_ids, result.gpus_delta) == (SAME_GPU, (1, 2, 3, 4), 3)
+
+
+def test_a_host_without_enough_distinct_gpus_refuses_and_says_why():
+    result = impact(_l40s_host(1), 10, "L40S-12Q", vgpus=2)
+    assert result.fits == NOWHERE
+    assert result.refusals == ("On host a: 2 x L40S-12Q needs 2 GPUs with room, one for each vGPU of the VM; "
+                               "1 has room.",)
+    result = impact(_l40s_host(3), 10, "L40S-12Q", vgpus=4)
+    assert result.fits == NOWHERE
+    assert result.refusals == ("On host a: 4 x L40S-12Q needs 4 GPUs with room, one for each vGPU of the VM; "
+                               "3 have room.",)
+
+
+def test_a_host_that_allows_sharing_stacks_only_what_distinct_gpus_cannot_take():
+    assert impact(_l40s_host(1, same_gpu=True), 10, "L40S-12Q", vgpus=2).gpu_ids == (1, 1)
+    assert impact(_l40s_host(3, same_gpu=True), 10, "L40S-12Q", vgpus=4).gpu_ids == (1, 2, 3, 1)
+    assert impact(_l40s_host(4, same_gpu=True), 10, "L40S-12Q", vgpus=4).gpu_ids == (1, 2, 3, 4)
+
+
 # Property: every plan it reports is one fleet.placement accepts ----------------------------
 
 PROFILE_NAMES = ("RTX6000-4Q", "RTX6000-6Q", "RTX6000-8Q", "RTX6000-12Q", "RTX6000-24Q",
@@ -199,7 +250,7 @@ def fleets(draw):
     fleet = Fleet()
     for host_id in range(1, draw(st.integers(2, 3)) + 1):
         fleet.host(host_id, f"h{host_id}", cpu_threads=draw(st.sampled_from([16, 32, 96])),
-                   ram_gib=draw(st.sampled_from([64, 128, 512])))
+                   ram_gib=draw(st.sampled_from([64, 128, 512])), same_gpu=draw(st.booleans()))
     for gpu_id in range(1, draw(st.integers(2, 6)) + 1):
         code = draw(st.sampled_from(["RTX6000", "L40S"]))
         size_mode = draw(st.sampled_from(["equal", "mixed"])) if code == "L40S" else "equal"
@@ -253,19 +304,27 @@ def test_every_reported_plan_passes_placement_and_counts_gpus_right(fleet, data)
             assert not any(check_placement(g, profile, vm, snapshot.hosts[g.host_id]).ok for g in emptied.values())
         return
 
-    assert len(result.gpu_ids) == len(set(result.gpu_ids)) == count
+    assert len(result.gpu_ids) == count
+    if not snapshot.hosts[result.host_id].multi_vgpu_same_gpu:
+        assert len(set(result.gpu_ids)) == count  # each vGPU of the VM on a GPU of its own
     assert {snapshot.gpus[g].host_id for g in result.gpu_ids} == {result.host_id}
     after = replay(snapshot, vm_id, profile, result.gpu_ids)
     assert result.gpus_delta == sum(1 for g in after.values() if g.vgpus) - snapshot.gpus_in_use()
     own = list(dict.fromkeys(v.gpu_id for v in snapshot.vms[vm_id].vgpus))
+    home = snapshot.gpus[own[0]].host_id
     if result.fits == SAME_GPU:
         assert list(result.gpu_ids[:len(own)]) == own[:count]
     if count == 1:
-        # One vGPU: the search is exhaustive, so no GPU of the fleet frees more.
+        # One vGPU, searched exhaustively: in place when its own GPU takes it, else on its own
+        # host when a GPU there does, else on the host whose GPU adds the fewest GPUs in use.
         emptied = replay(snapshot, vm_id, profile, ())
         vm = dataclasses.replace(snapshot.vms[vm_id], vgpus=())
-        best = min(
-            sum(1 for g in replay(snapshot, vm_id, profile, (gpu.id,)).values() if g.vgpus)
-            for gpu in emptied.values() if check_placement(gpu, profile, vm, snapshot.hosts[gpu.host_id]).ok
-        )
-        assert result.gpus_delta == best - snapshot.gpus_in_use()
+        takers = [gpu for gpu in emptied.values() if check_placement(gpu, profile, vm, snapshot.hosts[gpu.host_id]).ok]
+        if any(gpu.id == own[0] for gpu in takers):
+            assert result.fits == SAME_GPU
+        elif any(gpu.host_id == home for gpu in takers):
+            assert (result.fits, result.host_id) == (MOVE, home)
+        else:
+            best = min(sum(1 for g in replay(snapshot, vm_id, profile, (gpu.id,)).values() if g.vgpus)
+                       for gpu in takers)
+            assert result.gpus_delta == best - snapshot.gpus_in_use()
