@@ -13,21 +13,21 @@ the vGPUs on exactly the GPUs it names, so what the queue says is what approval 
 
 Which plan is reported, in order of preference:
 
-1. **In place**: the VM's own GPUs take the new vGPUs (the first `vgpus` of them when it
-   shrinks; vGPUs it gains go on other GPUs of its host). No migration: the artist keeps
-   working where they are, which is what both artist and admin expect of a resize.
-2. Else **a move on its own host** (no host migration).
-3. Else **a move to another host**: the one where it takes the fewest GPUs not in use before,
-   then by host id.
+1. **On the VM's own host** (no host migration; a resize re-creates the VM's vGPUs anyway, so
+   another GPU of its host costs the artist nothing more): the plan with the fewest GPUs in
+   use afterwards (`gpus_delta`), **in place** on a tie (its own GPUs take the new vGPUs, the
+   first `vgpus` of them when it shrinks; vGPUs it gains go on other GPUs of its host).
+2. Else **another host**: the one where it takes the fewest GPUs in use afterwards, then by
+   host id.
 
 Within a host, GPUs already in use first, fullest first (packing the VM beside others keeps
 empty GPUs free for large profiles), then empty GPUs; a GPU already holding one of the VM's
 new vGPUs comes last (only tried where the host allows several on one GPU); ties by GPU id,
 so the answer is deterministic.
 
-A move that would free more GPUs than the fit in place is not chosen (moving a VM that fits
-where it is has a cost the artist pays); it is reported beside it (`frees_by_moving`) for the
-admin, who can plan it with the optimizer.
+A move to another host that would free more GPUs than staying is not chosen (a migration has a
+cost the artist pays); it is reported beside the answer (`frees_by_moving`) for the admin, who
+can plan it with the optimizer.
 """
 
 from __future__ import annotations
@@ -108,29 +108,37 @@ class ImpactCalculator:
         home = self.snapshot.gpus[own[0]].host_id if own else vm.host_id
 
         in_place, violations = self._in_place(bare_vm, own, emptied, profile, count)
-        if in_place is not None:
+        # Another GPU of its host can only do better when the VM's leaving empties one of its
+        # GPUs, or when the fit in place needed GPUs that were empty.
+        could_free = any(not gpu.vgpus for gpu in emptied.values()) or in_place is None or in_place.newly_used
+        home_plan, home_refusal = None, ""
+        if home is not None and could_free and home in self._by_model.get(profile.gpu_model, {}):
+            home_plan, home_refusal = self._fill(dict(emptied), home, profile, bare_vm, count)
+            home_plan = self._plan(home_plan, home, own, emptied) if home_plan is not None else None
+        mine = [plan for plan in (in_place, home_plan) if plan is not None]
+        if mine:
+            best = min(mine, key=lambda plan: (plan.gpus_delta, plan is not in_place))
+            fits = SAME_GPU if best is in_place else MOVE
             frees = 0
-            # A move can only free more when the VM's leaving empties one of its GPUs, or when
-            # the fit in place needed GPUs that were empty.
-            if any(not gpu.vgpus for gpu in emptied.values()) or in_place.newly_used:
-                move, _ = self._best_move(bare_vm, home, emptied, profile, count, own, prefer_home=False)
-                if move is not None and move.gpus_delta < in_place.gpus_delta:
-                    frees = in_place.gpus_delta - move.gpus_delta
+            if could_free and any(not gpu.vgpus for gpu in emptied.values()):
+                other, _ = self._best_move(bare_vm, home, emptied, profile, count, own)
+                if other is not None and other.gpus_delta < best.gpus_delta:
+                    frees = best.gpus_delta - other.gpus_delta
             return Impact(
-                fits=SAME_GPU, gpu_ids=in_place.gpu_ids, host_id=in_place.host_id, gpus_delta=in_place.gpus_delta,
-                detail=self._detail(SAME_GPU, in_place, own, emptied, frees), fits_in_place=True,
-                frees_by_moving=frees,
+                fits=fits, gpu_ids=best.gpu_ids, host_id=best.host_id, gpus_delta=best.gpus_delta,
+                detail=self._detail(fits, best, own, emptied, in_place is not None, frees), violations=violations,
+                fits_in_place=in_place is not None, frees_by_moving=frees,
             )
         move, refusals = self._best_move(bare_vm, home, emptied, profile, count, own)
         if move is None:
             return Impact(
                 fits=NOWHERE, gpu_ids=(), host_id=None, gpus_delta=0,
                 detail=f"No host has room for {count} x {profile.name}", violations=violations,
-                refusals=tuple(refusals[:MAX_REFUSALS]),
+                refusals=tuple(([home_refusal] if home_refusal else []) + refusals)[:MAX_REFUSALS],
             )
         return Impact(
             fits=MOVE, gpu_ids=move.gpu_ids, host_id=move.host_id, gpus_delta=move.gpus_delta,
-            detail=self._detail(MOVE, move, own, emptied, 0), violations=violations,
+            detail=self._detail(MOVE, move, own, emptied, False, 0), violations=violations,
         )
 
     # Plans ----------------------------------------------------------------------------------
@@ -162,27 +170,23 @@ class ImpactCalculator:
         return self._plan(placed, host_id, own, emptied), ()
 
     def _best_move(self, vm: VmState, home: int | None, emptied: dict[int, GpuState], profile: ProfileSpec,
-                   count: int, own: list[int], *, prefer_home: bool = True) -> tuple[_Plan | None, list[str]]:
-        """The VM's own host if it takes the vGPUs (unless not `prefer_home`: then the plan that
-        frees the most GPUs), else the host taking the fewest GPUs not in use before (then by host
-        id); with the refusal of every host tried, when none does. Stops at the first other host
+                   count: int, own: list[int]) -> tuple[_Plan | None, list[str]]:
+        """The best host other than the VM's own: the fewest GPUs in use afterwards, then host id;
+        with the refusal of every host tried, when none takes the vGPUs. Stops at the first host
         whose plan takes no empty GPU: no later host does better."""
-        hosts = sorted(self._by_model.get(profile.gpu_model, {}), key=lambda h: (h != home, h))
+        hosts = sorted(h for h in self._by_model.get(profile.gpu_model, {}) if h != home)
         best, refusals = None, []
         for host_id in hosts:
-            state = dict(emptied)
-            placed, refusal = self._fill(state, host_id, profile, vm, count)
+            placed, refusal = self._fill(dict(emptied), host_id, profile, vm, count)
             if placed is None:
                 refusals.append(refusal)
                 continue
             plan = self._plan(placed, host_id, own, emptied)
-            if host_id == home and prefer_home:
-                return plan, []
             if best is None or plan.gpus_delta < best.gpus_delta:
                 best = plan
-            if host_id != home and not plan.newly_used:
+            if not plan.newly_used:
                 break
-        if not hosts:
+        if not hosts and home not in self._by_model.get(profile.gpu_model, {}):
             refusals.append(f"No host has a GPU of model {profile.gpu_model}.")
         return best, refusals
 
@@ -255,23 +259,32 @@ class ImpactCalculator:
 
     # Words --------------------------------------------------------------------------------
 
-    def _detail(self, fits: str, plan: _Plan, own: list[int], emptied: dict[int, GpuState], frees: int) -> str:
-        """One sentence: where the vGPUs go, the GPUs freed or taken, and what a move would free."""
+    def _detail(self, fits: str, plan: _Plan, own: list[int], emptied: dict[int, GpuState], fits_in_place: bool,
+                frees: int) -> str:
+        """One sentence: where the vGPUs go, why (when a move is chosen over a fit in place), the
+        GPUs freed or taken, and what a move to another host would free besides."""
         gpus = self.snapshot.gpus
         if fits == SAME_GPU:
             kept = list(dict.fromkeys(gpus[g].label for g in plan.gpu_ids if g in own))
             extra = list(dict.fromkeys(gpus[g].label for g in plan.gpu_ids if g not in own))
             text = f"Fits on its {_gpus(kept)}"
             if extra:
-                added = len(plan.gpu_ids) - len([g for g in plan.gpu_ids if g in own])
+                added = len([g for g in plan.gpu_ids if g not in own])
                 text += f", the added vGPU{'s' if added > 1 else ''} on {_gpus(extra)} of the same host"
             text += _delta_words(plan.gpus_delta)
-            if frees:
-                text += f"; a move would free {frees} more GPU{'s' if frees > 1 else ''} (the optimizer can plan it)"
-            return text
-        host = self.snapshot.hosts[plan.host_id].name
-        targets = f"{_join([self._describe_target(g, emptied) for g in dict.fromkeys(plan.gpu_ids)])} on host {host}"
-        return f"Needs a move to {targets}{_delta_words(plan.gpus_delta)}"
+        else:
+            host = self.snapshot.hosts[plan.host_id].name
+            targets = (f"{_join([self._describe_target(g, emptied) for g in dict.fromkeys(plan.gpu_ids)])} "
+                       f"on host {host}")
+            if fits_in_place:
+                mine = _gpus([gpus[g].label for g in own])
+                text = f"Fits on its {mine}, but a move to {targets}{_delta_words(plan.gpus_delta, lead=' ')}"
+            else:
+                text = f"Needs a move to {targets}{_delta_words(plan.gpus_delta)}"
+        if frees:
+            text += (f"; a move to another host would free {frees} more GPU{'s' if frees > 1 else ''} "
+                     "(the optimizer can plan it)")
+        return text
 
     def _describe_target(self, gpu_id: int, emptied: dict[int, GpuState]) -> str:
         gpu = emptied.get(gpu_id) or self.snapshot.gpus[gpu_id]

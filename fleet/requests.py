@@ -103,15 +103,19 @@ def validate(vm: VirtualMachine, user, profile: VgpuProfile, vgpus: int, wished_
         errors["wished_until"] = "The wished window must end after it starts."
     if not reason.strip():
         errors["reason"] = REASON_REQUIRED
-    if ResizeRequest.objects.filter(vm=vm, status=ResizeStatus.PENDING).exists():
-        errors["vm"] = "This VM already has a pending request; cancel it or wait for the decision."
+    pending = ResizeRequest.objects.filter(vm=vm, status=ResizeStatus.PENDING).order_by("created_at", "pk").first()
+    if pending is not None:
+        errors["vm"] = (f"This VM already has a pending request (#{pending.pk}); cancel it or wait for the "
+                        "decision.")
     if errors:
         raise RequestError(errors)
 
 
 def file_request(vm: VirtualMachine, user, requested_profile: VgpuProfile, requested_vgpus: int = 1,
-                 reason: str = "", wished_from=None, wished_until=None) -> ResizeRequest:
-    """File a pending request for `vm` and tell the admins."""
+                 reason: str = "", wished_from=None, wished_until=None, *, comment: str = "") -> ResizeRequest:
+    """File a pending request for `vm` and tell the admins: the one way a request is filed (the
+    artist's form, the API, an admin accepting a right-sizing suggestion). `comment` goes on the
+    audit event (e.g. which suggestion it came from)."""
     with transaction.atomic():
         vm = locks.lock_for_change(vms=[vm]).vms[vm.pk]
         validate(vm, user, requested_profile, requested_vgpus, wished_from, wished_until, reason)
@@ -121,7 +125,7 @@ def file_request(vm: VirtualMachine, user, requested_profile: VgpuProfile, reque
             requested_vgpus=requested_vgpus, reason=reason.strip(), requested_by=user,
             wished_from=wished_from, wished_until=wished_until,
         )
-        audit.record("resize_request.file", request, after=audit.snapshot(request))
+        audit.record("resize_request.file", request, after=audit.snapshot(request), comment=comment)
         # Every admin sees it in the app; those with an address also get the e-mail (`_notify`).
         admins = get_user_model().objects.filter(is_staff=True, is_active=True).order_by("pk")
         _notify(list(admins), f"Resize request for {vm.name}: {describe(request)}", "/requests/")

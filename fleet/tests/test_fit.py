@@ -86,33 +86,40 @@ def test_a_12q_beside_another_12q_moves_to_an_empty_gpu_for_a_24q():
     assert result.detail == "Needs a move to GPU gpu3 (empty) on host a; takes 1 more GPU"
 
 
-def test_a_24q_shrinking_to_12q_stays_in_place_and_says_a_move_would_free_its_gpu():
-    # Joining the 12Q on host b would free GPU 1, but the VM fits where it is: approval keeps it
-    # there (no migration for the artist) and the admin is told what a move would free.
+def test_a_24q_shrinking_to_12q_joins_another_12q_of_its_host_and_frees_its_gpu():
+    fleet = (Fleet().host(1, "a").gpu(1, 1).gpu(2, 1)
+             .place(10, 1, "RTX6000-24Q").place(11, 2, "RTX6000-12Q"))
+    result = impact(fleet, 10, "RTX6000-12Q")
+    assert (result.fits, result.gpu_ids, result.host_id, result.gpus_delta) == (MOVE, (2,), 1, -1)
+    assert result.fits_in_place  # it would fit where it is, but that frees nothing
+    assert result.detail == ("Fits on its GPU gpu1, but a move to GPU gpu2 (holds RTX6000-12Q vGPUs with a free "
+                             "slot) on host a frees 1 GPU")
+
+
+def test_a_vm_that_fits_on_its_host_is_not_moved_to_another_host_to_free_a_gpu():
+    # Joining the 12Q on host b would free GPU 1, but that is a migration to another host: the
+    # VM stays where it fits, and the admin is told what the move would free.
     fleet = (Fleet().host(1, "a").host(2, "b").gpu(1, 1).gpu(2, 2)
              .place(10, 1, "RTX6000-24Q").place(11, 2, "RTX6000-12Q"))
     result = impact(fleet, 10, "RTX6000-12Q")
     assert (result.fits, result.gpu_ids, result.host_id, result.gpus_delta) == (SAME_GPU, (1,), 1, 0)
-    assert result.fits_in_place
     assert result.frees_by_moving == 1
-    assert result.detail == "Fits on its GPU gpu1; a move would free 1 more GPU (the optimizer can plan it)"
+    assert result.detail == ("Fits on its GPU gpu1; a move to another host would free 1 more GPU (the optimizer "
+                             "can plan it)")
 
 
 def test_a_move_goes_to_the_fullest_gpu_in_use():
-    # An 8Q beside another VM's 8Q on GPU 1 shrinking to 4Q (the equal-size rule refuses it in
-    # place): GPU 2 holds three 4Q, GPU 3 one; both have slots.
+    # An 8Q alone on GPU 1 shrinking to 4Q: GPU 2 holds three 4Q, GPU 3 one; both have slots.
     fleet = (Fleet().host(1, "a").gpu(1, 1).gpu(2, 1).gpu(3, 1).place(10, 1, "RTX6000-8Q")
-             .place(15, 1, "RTX6000-8Q")
              .place(11, 2, "RTX6000-4Q").place(12, 2, "RTX6000-4Q").place(13, 2, "RTX6000-4Q")
              .place(14, 3, "RTX6000-4Q"))
     result = impact(fleet, 10, "RTX6000-4Q")
-    assert (result.fits, result.gpu_ids, result.gpus_delta) == (MOVE, (2,), 0)
+    assert (result.fits, result.gpu_ids, result.gpus_delta) == (MOVE, (2,), -1)
 
 
-def test_a_move_stays_on_its_host_before_a_host_that_would_free_more():
-    # GPU 1 holds the VM's 12Q and another 12Q: a 24Q does not fit in place. Host a has an empty
-    # GPU 2; host b has nothing free either... but host c's empty GPU is no better than GPU 2,
-    # and a move off the host is a migration: GPU 2 of its own host is chosen.
+def test_a_move_stays_on_its_host_before_another_host_as_good():
+    # GPU 1 holds the VM's 12Q and another 12Q: a 24Q does not fit in place. GPU 2 of its own
+    # host and GPU 3 of host c are both empty: the move stays on its host (no migration).
     fleet = (Fleet().host(1, "a").host(3, "c").gpu(1, 1).gpu(2, 1).gpu(3, 3)
              .place(10, 1, "RTX6000-12Q").place(11, 1, "RTX6000-12Q"))
     result = impact(fleet, 10, "RTX6000-24Q")
@@ -315,16 +322,19 @@ def test_every_reported_plan_passes_placement_and_counts_gpus_right(fleet, data)
     if result.fits == SAME_GPU:
         assert list(result.gpu_ids[:len(own)]) == own[:count]
     if count == 1:
-        # One vGPU, searched exhaustively: in place when its own GPU takes it, else on its own
-        # host when a GPU there does, else on the host whose GPU adds the fewest GPUs in use.
+        # One vGPU, searched exhaustively: on its own host when a GPU there takes it (the fewest
+        # GPUs in use, its own GPU on a tie), else on the host whose GPU adds the fewest.
         emptied = replay(snapshot, vm_id, profile, ())
         vm = dataclasses.replace(snapshot.vms[vm_id], vgpus=())
         takers = [gpu for gpu in emptied.values() if check_placement(gpu, profile, vm, snapshot.hosts[gpu.host_id]).ok]
-        if any(gpu.id == own[0] for gpu in takers):
-            assert result.fits == SAME_GPU
-        elif any(gpu.host_id == home for gpu in takers):
-            assert (result.fits, result.host_id) == (MOVE, home)
-        else:
-            best = min(sum(1 for g in replay(snapshot, vm_id, profile, (gpu.id,)).values() if g.vgpus)
-                       for gpu in takers)
-            assert result.gpus_delta == best - snapshot.gpus_in_use()
+
+        def in_use_after(gpu) -> int:
+            return sum(1 for g in replay(snapshot, vm_id, profile, (gpu.id,)).values() if g.vgpus)
+
+        mine = [gpu for gpu in takers if gpu.host_id == home]
+        best = min(in_use_after(gpu) for gpu in (mine or takers))
+        assert result.gpus_delta == best - snapshot.gpus_in_use()
+        if mine:
+            assert result.host_id == home
+            if any(gpu.id == own[0] and in_use_after(gpu) == best for gpu in mine):
+                assert result.fits == SAME_GPU
