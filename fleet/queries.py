@@ -200,9 +200,13 @@ def vgpus_for(user) -> QuerySet[Vgpu]:
 # The fleet as plain data ----------------------------------------------------------------------
 
 
-def fleet_snapshot() -> FleetSnapshot:
+def fleet_snapshot(gpu_model_ids=None) -> FleetSnapshot:
     """The whole fleet as `placement` dataclasses, in seven queries whatever its size: what the
-    pure answers (`fleet.fit`, the sizing code) reason over. Reads without locking."""
+    pure answers (`fleet.fit`, the sizing code) reason over. Reads without locking.
+
+    `gpu_model_ids` (optional) keeps only the GPUs of those models and their vGPUs (every host,
+    VM and profile stays, with the hosts' full claims): enough to ask where a profile of those
+    models fits, for a page that need not read the whole fleet."""
     model_rows = list(GpuModel.objects.all())
     models = {m.name: m.to_spec() for m in model_rows}
     model_names = {m.pk: m.name for m in model_rows}
@@ -230,11 +234,15 @@ def fleet_snapshot() -> FleetSnapshot:
         )
         for h in Host.objects.all()
     }
-    gpu_rows = list(Gpu.objects.values_list("pk", "pci_bus_id", "host_id", "gpu_model_id", "mode", "size_mode"))
+    gpu_query, vgpu_query = Gpu.objects.all(), Vgpu.objects.all()
+    if gpu_model_ids is not None:
+        gpu_query = gpu_query.filter(gpu_model_id__in=gpu_model_ids)
+        vgpu_query = vgpu_query.filter(gpu__gpu_model_id__in=gpu_model_ids)
+    gpu_rows = list(gpu_query.values_list("pk", "pci_bus_id", "host_id", "gpu_model_id", "mode", "size_mode"))
     gpu_host = {pk: host_id for pk, _, host_id, *_ in gpu_rows}
     on_gpu: dict[int, list[placement.PlacedVgpu]] = defaultdict(list)
     on_vm: dict[int, list[placement.VmVgpu]] = defaultdict(list)
-    for vm_id, gpu_id, profile_id, placement_id in Vgpu.objects.order_by("gpu_id", "placement_id").values_list(
+    for vm_id, gpu_id, profile_id, placement_id in vgpu_query.order_by("gpu_id", "placement_id").values_list(
         "vm_id", "gpu_id", "profile_id", "placement_id",
     ):
         profile = profiles[profile_id]

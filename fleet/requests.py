@@ -56,6 +56,15 @@ class Fit:
     def label(self) -> str:
         return self.where.replace("_", " ")
 
+    @property
+    def hint(self) -> str:
+        """What the artist's form says of a choice: whether it fits now and whether it moves the VM."""
+        return HINTS.get(self.where, "")
+
+
+HINTS = {"same_gpu": "fits on its GPU now", "other_gpu": "fits now, on another GPU of its host",
+         "other_host": "fits now, on another host", "nowhere": "no room now"}
+
 
 def current_vgpus(vm: VirtualMachine) -> tuple[VgpuProfile | None, int]:
     """The profile of the VM's vGPUs (None without any) and how many it holds."""
@@ -297,8 +306,27 @@ def fit_of(request: ResizeRequest, snapshot: FleetSnapshot) -> Fit:
     impact = _impact(snapshot, request)
     if impact.fits == fit.NOWHERE:
         return Fit("nowhere", reason=_no_room(request, impact), detail=impact.detail)
+    return _fit(snapshot, request.vm_id, impact)
+
+
+def choice_fits(vm: VirtualMachine, choices, snapshot: FleetSnapshot) -> list[Fit]:
+    """Where each of `choices` ((profile, vGPUs) the artist's form offers for `vm`) would go now,
+    by the answer the queue shows and approval follows; the form says it next to each choice."""
+    calculator = fit.ImpactCalculator(snapshot)
+    fits_now = []
+    for profile, vgpus in choices:
+        if vm.pk not in snapshot.vms or profile.pk not in snapshot.profiles:
+            fits_now.append(Fit("n/a"))
+            continue
+        impact = calculator.impact(vm.pk, snapshot.profiles[profile.pk], vgpus)
+        fits_now.append(Fit("nowhere", detail=impact.detail) if impact.fits == fit.NOWHERE else
+                        _fit(snapshot, vm.pk, impact))
+    return fits_now
+
+
+def _fit(snapshot: FleetSnapshot, vm_id: int, impact: fit.Impact) -> Fit:
     # Compared by id: PCI bus ids repeat from host to host.
-    vm = snapshot.vms[request.vm_id]
+    vm = snapshot.vms[vm_id]
     own = {v.gpu_id for v in vm.vgpus}
     home = vm.vgpus[0].host_id if vm.vgpus else vm.host_id
     where = ("same_gpu" if set(impact.gpu_ids) <= own else

@@ -16,7 +16,15 @@ from fleet.choices import ResizeStatus
 from fleet.models import AuditEvent, Host, ResizeRequest, Vgpu
 from fleet.placement import PlacementError, Rule
 from fleet.services import FleetConflict
-from fleet.tests.factories import GpuFactory, HostFactory, VirtualMachineFactory, gpu_model, profile
+from fleet.tests.factories import (
+    ArtistFactory,
+    GpuFactory,
+    HostFactory,
+    UserFactory,
+    VirtualMachineFactory,
+    gpu_model,
+    profile,
+)
 
 pytestmark = pytest.mark.django_db
 
@@ -192,3 +200,23 @@ def test_the_setting_is_read_and_written_through_the_api(admin_user):
     response = client.patch(f"/api/v1/hosts/{host.pk}/", {"multi_vgpu_same_gpu": True}, format="json")
     assert response.status_code == 200, response.json()
     assert Host.objects.get(pk=host.pk).multi_vgpu_same_gpu
+
+
+def test_the_artists_form_says_of_each_choice_what_the_queue_then_says(admin_user):
+    artist = ArtistFactory(user=UserFactory(username="lena"), name="Lena")
+    vm = _l40s(1)  # one L40S GPU: a second vGPU has no GPU of its own
+    vm.artist = artist
+    vm.save()
+    client = Client()
+    client.force_login(artist.user)
+    page = client.get("/me/").content.decode()
+    more = re.search(r'<option value="more" data-fit="([a-z_]+)">([^<]*)</option>', page)
+    assert more.groups() == ("nowhere", "One more vGPU (2 × L40S-12Q): no room now")
+    bigger = re.search(rf'<option value="{profile("L40S-24Q").pk}" data-fit="([a-z_]+)">([^<]*)</option>', page)
+    assert bigger.groups() == ("same_gpu", "L40S-24Q: fits on its GPU now")
+
+    for choice, said in (({"change": "more"}, "nowhere"), ({"requested_profile": profile("L40S-24Q").pk}, "same_gpu")):
+        client.post(f"/me/vms/{vm.pk}/request/", {**choice, "reason": "rendering"})
+        filed = ResizeRequest.objects.get(vm=vm, status=ResizeStatus.PENDING)
+        assert _fit_cell(_queue(admin_user)[0], filed.pk).startswith(said)
+        service.cancel(filed, artist.user)
