@@ -246,7 +246,7 @@ def test_fits_says_another_gpu_another_host_or_nowhere(fleet_world, admin_user):
     GpuFactory(host=fleet_world.host_a, pci_bus_id="00000000:5E:00.0")
     fit = service.fits(request)
     assert (fit.where, fit.host, fit.gpus) == ("other_gpu", "host-a", ("00000000:5E:00.0",))
-    assert Vgpu.objects.filter(vm=fleet_world.vm_a).get().gpu == fleet_world.gpu_a  # a dry run moved nothing
+    assert Vgpu.objects.filter(vm=fleet_world.vm_a).get().gpu == fleet_world.gpu_a  # asking moved nothing
 
 
 def test_evidence_rides_along_with_each_request(fleet_world, admin_user, artist_api, admin_api, filed,
@@ -288,8 +288,8 @@ def test_a_request_filed_from_an_accepted_suggestion_is_marked_and_approves(flee
 
 
 def test_working_out_where_a_request_fits_changes_nothing_the_read_cache_keeps(fleet_world, admin_api, filed):
-    """The queue's dry run places and removes vGPUs in a transaction it always rolls back: lists
-    and the overview cached before it are still served after it (config/read_cache.py)."""
+    """Working out where a request fits only reads (a snapshot and the pure answer of fleet.fit):
+    lists and the overview cached before it are still served after it (config/read_cache.py)."""
     from config import read_cache
     from fleet.models import Vgpu
 
