@@ -199,21 +199,25 @@ class ImpactCalculator:
         if vm.host_id != host_id:
             refused = placement.check_vm_fits_host(vm.name, vm.vcpus, vm.ram_gib, host)
             if refused:
-                return None, f"On host {host.name}: {'; '.join(str(v) for v in refused)}."
+                return None, f"On {host.name}: {'; '.join(str(v) for v in refused)}."
         candidates = [g for g in self._by_model.get(profile.gpu_model, {}).get(host_id, ())
                       if g in state or self._takes(g, profile)]
         placed: list[int] = []
         for _ in range(count):
-            first_refusal = None
+            last_refusal = None
             for gpu_id in sorted(candidates, key=lambda g: self._order(state, g, vm.id)):
                 decision = self._check(state.get(gpu_id, self.snapshot.gpus[gpu_id]), profile, vm)
                 if decision.ok:
                     vm = self._place(state, gpu_id, profile, vm, decision.placement_id)
                     placed.append(gpu_id)
                     break
-                first_refusal = first_refusal or decision.violations[0]
+                last_refusal = decision.violations
             else:
-                return None, self._refusal(host, profile, count, placed, first_refusal)
+                if last_refusal is None:  # every GPU turned away by its own rules: quote the last one's
+                    gpu_id = self._by_model[profile.gpu_model][host_id][-1]
+                    gpu = state.get(gpu_id) or self.snapshot.gpus[gpu_id]
+                    last_refusal = placement.check_gpu_fit(gpu, profile).violations or None
+                return None, self._refusal(host, profile, count, placed, last_refusal)
         return placed, ""
 
     def _order(self, state: dict[int, GpuState], gpu_id: int, vm_id: int) -> tuple:
@@ -221,15 +225,17 @@ class ImpactCalculator:
         return any(v.vm_id == vm_id for v in gpu.vgpus), not gpu.vgpus, -gpu.used_fb_mib, gpu_id
 
     def _refusal(self, host: placement.HostState, profile: ProfileSpec, count: int, placed: list[int],
-                 first: placement.Violation | None) -> str:
-        """Why `host` cannot take `count` vGPUs of `profile`, having found room for `placed`."""
+                 refused: list[placement.Violation] | None) -> str:
+        """Why `host` cannot take `count` vGPUs of `profile`, having found room for `placed`:
+        the rules the last GPU tried quoted, or how many distinct GPUs it lacks."""
         if not placed:
-            why = str(first) if first else f"every {profile.gpu_model} GPU is full or holds another size"
-            return f"On host {host.name}: no GPU has room for {profile.name} ({why})."
+            why = ("; ".join(str(v) for v in refused) if refused else
+                   f"every {profile.gpu_model} GPU is full or holds another size")
+            return f"On {host.name}: {why}."
         if host.multi_vgpu_same_gpu:
-            return f"On host {host.name}: room for {len(placed)} of {count} x {profile.name} only."
+            return f"On {host.name}: room for {len(placed)} of {count} x {profile.name} only."
         gpus = len(set(placed))
-        return (f"On host {host.name}: {count} x {profile.name} needs {count} GPUs with room, one for each vGPU "
+        return (f"On {host.name}: {count} x {profile.name} needs {count} GPUs with room, one for each vGPU "
                 f"of the VM; {gpus} {'has' if gpus == 1 else 'have'} room.")
 
     def _takes(self, gpu_id: int, profile: ProfileSpec) -> bool:

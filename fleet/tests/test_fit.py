@@ -133,8 +133,8 @@ def test_no_room_anywhere_says_so_and_why_not_in_place():
     assert (result.fits, result.gpu_ids, result.host_id, result.gpus_delta) == (NOWHERE, (), None, 0)
     assert result.detail == "No host has room for 1 x RTX6000-24Q"
     assert any("equal-size mode" in v for v in result.violations)
-    assert result.refusals == ("On host a: no GPU has room for RTX6000-24Q (RTX6000-24Q needs 24576 MiB; GPU gpu1 "
-                               "has 12288 MiB free of 24576 MiB).",)
+    assert result.refusals == ("On a: RTX6000-24Q needs 24576 MiB; GPU gpu1 has 12288 MiB free of 24576 MiB; GPU gpu1 "
+                               "is in equal-size mode and holds 12288 MiB vGPUs; RTX6000-24Q has 24576 MiB.",)
 
 
 def test_a_host_without_vcpus_left_is_passed_over_for_one_with_room():
@@ -230,11 +230,11 @@ def test_two_and_four_vgpus_each_take_a_gpu_of_their_own():
 def test_a_host_without_enough_distinct_gpus_refuses_and_says_why():
     result = impact(_l40s_host(1), 10, "L40S-12Q", vgpus=2)
     assert result.fits == NOWHERE
-    assert result.refusals == ("On host a: 2 x L40S-12Q needs 2 GPUs with room, one for each vGPU of the VM; "
+    assert result.refusals == ("On a: 2 x L40S-12Q needs 2 GPUs with room, one for each vGPU of the VM; "
                                "1 has room.",)
     result = impact(_l40s_host(3), 10, "L40S-12Q", vgpus=4)
     assert result.fits == NOWHERE
-    assert result.refusals == ("On host a: 4 x L40S-12Q needs 4 GPUs with room, one for each vGPU of the VM; "
+    assert result.refusals == ("On a: 4 x L40S-12Q needs 4 GPUs with room, one for each vGPU of the VM; "
                                "3 have room.",)
 
 
