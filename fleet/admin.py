@@ -220,8 +220,8 @@ class HostAdmin(RuleGovernedAdmin):
     form = HostForm
     inlines = [GpuOnHostInline]
     list_display = ["name", "hypervisor", "cpu_model", "cpu_threads", "ram_gib", "vcpus_allocated",
-                    "ram_allocated", "gpu_count", "vm_count"]
-    list_filter = ["hypervisor"]
+                    "ram_allocated", "gpu_count", "vm_count", "multi_vgpu_same_gpu"]
+    list_filter = ["hypervisor", "multi_vgpu_same_gpu"]
     search_fields = ["name", "cpu_model"]
 
     def get_queryset(self, request):

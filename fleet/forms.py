@@ -152,7 +152,8 @@ class HostForm(RuleErrorsMixin, forms.ModelForm):
 
     class Meta:
         model = Host
-        fields = ["name", "hypervisor", "cpu_model", "cpu_threads", "ram_gib", "vcpu_overcommit", "ram_overcommit"]
+        fields = ["name", "hypervisor", "cpu_model", "cpu_threads", "ram_gib", "vcpu_overcommit", "ram_overcommit",
+                  "multi_vgpu_same_gpu"]
 
     def clean(self):
         cleaned = super().clean()

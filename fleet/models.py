@@ -136,6 +136,11 @@ class Host(models.Model):
         default=default_ram_overcommit, validators=[MinValueValidator(0.1), MaxValueValidator(4)],
         help_text="RAM the VMs may claim per GiB installed",
     )
+    multi_vgpu_same_gpu = models.BooleanField(
+        "several vGPUs of a VM on one GPU", default=False,
+        help_text="Allow a VM's vGPUs to share one physical GPU (NVIDIA allows it on recent vGPU releases and "
+                  "supported hypervisors only); off, each vGPU of a VM gets a GPU of its own",
+    )
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:

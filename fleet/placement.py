@@ -39,6 +39,7 @@ class Rule:
     VM_HOST = "vm_host"
     VM_BOARD_SERIES = "vm_board_series"
     MULTI_VGPU_FULL_ONLY = "multi_vgpu_full_only"
+    VM_SAME_GPU = "vm_same_gpu"
     HOST_VCPU = "host_vcpu"
     HOST_RAM = "host_ram"
     SIZE_MODE_UNSUPPORTED = "size_mode_unsupported"
@@ -161,6 +162,10 @@ class HostState:
     ram_overcommit: float = 1.0
     allocated_vcpus: int = 0
     allocated_ram_gib: int = 0
+    # Whether one VM's vGPUs may share a physical GPU here (Host.multi_vgpu_same_gpu): only
+    # recent vGPU releases on supported hypervisors allow it, and a VM asks for several vGPUs
+    # to get more GPUs, so by default they go to distinct GPUs.
+    multi_vgpu_same_gpu: bool = False
 
     @property
     def vcpu_capacity(self) -> int:
@@ -358,6 +363,20 @@ def check_vm_fits_host(vm_name: str, vcpus: int, ram_gib: int, host: HostState) 
     return violations
 
 
+def same_gpu_refusal(gpu: GpuState, vm: VmState, host: HostState) -> Violation | None:
+    """Why `vm` may not take another vGPU on `gpu` because it holds one there already (None
+    when it may): a VM's vGPUs go to distinct physical GPUs unless the host allows several
+    on one GPU (`HostState.multi_vgpu_same_gpu`)."""
+    if host.multi_vgpu_same_gpu or not any(v.gpu_id == gpu.id for v in vm.vgpus):
+        return None
+    return Violation(
+        Rule.VM_SAME_GPU,
+        f"VM {vm.name} already holds a vGPU on GPU {gpu.label}; host {host.name} puts each vGPU of a VM on a "
+        f"GPU of its own (allow several on one GPU in the host's settings where its vGPU release and "
+        f"hypervisor support it)",
+    )
+
+
 def check_placement(gpu: GpuState, profile: ProfileSpec, vm: VmState, host: HostState) -> Decision:
     """Whether a new vGPU of `profile` for `vm` fits on `gpu` of `host`.
 
@@ -366,6 +385,8 @@ def check_placement(gpu: GpuState, profile: ProfileSpec, vm: VmState, host: Host
     """
     decision = _gpu_rules(gpu, profile)
     decision.violations.extend(_vm_rules(gpu, profile, vm))
+    if refusal := same_gpu_refusal(gpu, vm, host):
+        decision.violations.append(refusal)
     # A VM not yet counted on this host moves there with this vGPU. Its recorded host, not
     # whether it holds vGPUs, says so: a VM left recorded on another host must fit this one.
     if vm.host_id != host.id:
@@ -435,3 +456,17 @@ def check_host_capacity(host: HostState, cpu_threads: int, ram_gib: int,
             f"GiB ({ram_gib} GiB x {ram_overcommit:g} overcommit) would not hold them",
         ))
     return violations
+
+
+def check_sharing_off(host_name: str, stacked: list[tuple[str, str]]) -> list[Violation]:
+    """Whether a host may stop letting a VM's vGPUs share a GPU, given `stacked`, the (VM, GPU)
+    pairs where a VM holds several vGPUs on one GPU now: not while there is one, or the fleet
+    would hold what its own rules refuse."""
+    if not stacked:
+        return []
+    vm_name, gpu_label = stacked[0]
+    return [Violation(
+        Rule.VM_SAME_GPU,
+        f"VM {vm_name} holds several vGPUs on GPU {gpu_label} of host {host_name}; move them to GPUs of their own "
+        f"before the host stops allowing it ({len(stacked)} VM(s) and GPU(s) like it)",
+    )]

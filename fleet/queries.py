@@ -21,6 +21,8 @@ series.
 
 from __future__ import annotations
 
+from collections import defaultdict
+
 from django.contrib.auth import get_user_model
 from django.db.models import (
     Count,
@@ -35,7 +37,9 @@ from django.db.models import (
 from django.db.models.functions import Coalesce
 
 from config.roles import is_fleet_admin
+from fleet import placement
 from fleet.models import Artist, Gpu, GpuModel, Host, Vgpu, VgpuProfile, VirtualMachine
+from fleet.snapshot import FleetSnapshot
 
 
 def _total(queryset: QuerySet, group_by: str, expression) -> Coalesce:
@@ -187,3 +191,72 @@ def vms_for(user) -> QuerySet[VirtualMachine]:
 def vgpus_for(user) -> QuerySet[Vgpu]:
     """vGPUs `user` may see, with VM, GPU and profile loaded, ordered by GPU and slot."""
     return visible_vgpus(user).select_related("vm", "gpu", "profile").order_by("gpu_id", "placement_id", "id")
+
+
+# The fleet as plain data ----------------------------------------------------------------------
+
+
+def fleet_snapshot(gpu_model_ids=None) -> FleetSnapshot:
+    """The whole fleet as `placement` dataclasses, in seven queries whatever its size: what the
+    pure answers (`fleet.fit`, the sizing code) reason over. Reads without locking.
+
+    `gpu_model_ids` (optional) keeps only the GPUs of those models and their vGPUs (every host,
+    VM and profile stays, with the hosts' full claims): enough to ask where a profile of those
+    models fits, for a page that need not read the whole fleet."""
+    model_rows = list(GpuModel.objects.all())
+    models = {m.name: m.to_spec() for m in model_rows}
+    model_names = {m.pk: m.name for m in model_rows}
+    profiles = {
+        p.pk: placement.ProfileSpec(
+            id=p.pk, name=p.name, gpu_model=model_names[p.gpu_model_id], series=p.series,
+            fb_mib=p.fb_mib, max_per_gpu=p.max_per_gpu, max_per_gpu_mixed=p.max_per_gpu_mixed,
+            max_per_vm=p.max_per_vm,
+        )
+        for p in VgpuProfile.objects.all()
+    }
+    claims = {
+        row["host_id"]: row
+        for row in VirtualMachine.objects.filter(host__isnull=False).order_by().values("host_id").annotate(
+            vcpus=Sum("vcpus"), ram_gib=Sum("ram_gib"),
+        )
+    }
+    hosts = {
+        h.pk: placement.HostState(
+            id=h.pk, name=h.name, cpu_threads=h.cpu_threads, ram_gib=h.ram_gib,
+            vcpu_overcommit=h.vcpu_overcommit, ram_overcommit=h.ram_overcommit,
+            allocated_vcpus=claims.get(h.pk, {}).get("vcpus") or 0,
+            allocated_ram_gib=claims.get(h.pk, {}).get("ram_gib") or 0,
+            multi_vgpu_same_gpu=h.multi_vgpu_same_gpu,
+        )
+        for h in Host.objects.all()
+    }
+    gpu_query, vgpu_query = Gpu.objects.all(), Vgpu.objects.all()
+    if gpu_model_ids is not None:
+        gpu_query = gpu_query.filter(gpu_model_id__in=gpu_model_ids)
+        vgpu_query = vgpu_query.filter(gpu__gpu_model_id__in=gpu_model_ids)
+    gpu_rows = list(gpu_query.values_list("pk", "pci_bus_id", "host_id", "gpu_model_id", "mode", "size_mode"))
+    gpu_host = {pk: host_id for pk, _, host_id, *_ in gpu_rows}
+    on_gpu: dict[int, list[placement.PlacedVgpu]] = defaultdict(list)
+    on_vm: dict[int, list[placement.VmVgpu]] = defaultdict(list)
+    for vm_id, gpu_id, profile_id, placement_id in vgpu_query.order_by("gpu_id", "placement_id").values_list(
+        "vm_id", "gpu_id", "profile_id", "placement_id",
+    ):
+        profile = profiles[profile_id]
+        on_gpu[gpu_id].append(placement.PlacedVgpu(profile, vm_id, placement_id))
+        on_vm[vm_id].append(placement.VmVgpu(profile, gpu_id, gpu_host[gpu_id]))
+    gpus = {
+        pk: placement.GpuState(
+            id=pk, label=bus, host_id=host_id, model=models[model_names[model_id]], mode=mode,
+            size_mode=size_mode, vgpus=tuple(on_gpu.get(pk, ())),
+        )
+        for pk, bus, host_id, model_id, mode, size_mode in gpu_rows
+    }
+    vms = {
+        pk: placement.VmState(
+            id=pk, name=name, vcpus=vcpus, ram_gib=ram_gib, host_id=host_id, vgpus=tuple(on_vm.get(pk, ())),
+        )
+        for pk, name, vcpus, ram_gib, host_id in VirtualMachine.objects.values_list(
+            "pk", "name", "vcpus", "ram_gib", "host_id",
+        )
+    }
+    return FleetSnapshot(hosts=hosts, gpus=gpus, vms=vms, profiles=profiles, models=models)

@@ -22,12 +22,13 @@ from django.db.models import Count, IntegerField, OuterRef, Subquery, Value
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
-from config import read_cache
 from config.roles import is_fleet_admin
-from fleet import audit, locks, placement, services
+from fleet import audit, fit, locks, placement, services
 from fleet.choices import ResizeStatus
 from fleet.models import Gpu, Notification, ResizeRequest, Vgpu, VgpuProfile, VirtualMachine
 from fleet.placement import PlacementError, Violation
+from fleet.queries import fleet_snapshot
+from fleet.snapshot import FleetSnapshot
 
 log = logging.getLogger(__name__)
 
@@ -42,16 +43,28 @@ class RequestError(ValueError):
 
 @dataclass(frozen=True)
 class Fit:
-    """Where a request fits now: "same_gpu", "other_gpu", "other_host" or "nowhere", and on what."""
+    """Where a request fits now: "same_gpu", "other_gpu", "other_host" or "nowhere" ("n/a" once
+    decided), on which GPUs of which host, and in words: `detail` (what approval would do) and,
+    for "nowhere", `reason` (why each of the best candidate hosts refuses)."""
 
     where: str
     gpus: tuple[str, ...] = ()
     host: str = ""
     reason: str = ""
+    detail: str = ""
 
     @property
     def label(self) -> str:
         return self.where.replace("_", " ")
+
+    @property
+    def hint(self) -> str:
+        """What the artist's form says of a choice: whether it fits now and whether it moves the VM."""
+        return HINTS.get(self.where, "")
+
+
+HINTS = {"same_gpu": "fits on its GPU now", "other_gpu": "fits now, on another GPU of its host",
+         "other_host": "fits now, on another host", "nowhere": "no room now"}
 
 
 def current_vgpus(vm: VirtualMachine) -> tuple[VgpuProfile | None, int]:
@@ -100,15 +113,19 @@ def validate(vm: VirtualMachine, user, profile: VgpuProfile, vgpus: int, wished_
         errors["wished_until"] = "The wished window must end after it starts."
     if not reason.strip():
         errors["reason"] = REASON_REQUIRED
-    if ResizeRequest.objects.filter(vm=vm, status=ResizeStatus.PENDING).exists():
-        errors["vm"] = "This VM already has a pending request; cancel it or wait for the decision."
+    pending = ResizeRequest.objects.filter(vm=vm, status=ResizeStatus.PENDING).order_by("created_at", "pk").first()
+    if pending is not None:
+        errors["vm"] = (f"This VM already has a pending request (#{pending.pk}); cancel it or wait for the "
+                        "decision.")
     if errors:
         raise RequestError(errors)
 
 
 def file_request(vm: VirtualMachine, user, requested_profile: VgpuProfile, requested_vgpus: int = 1,
-                 reason: str = "", wished_from=None, wished_until=None) -> ResizeRequest:
-    """File a pending request for `vm` and tell the admins."""
+                 reason: str = "", wished_from=None, wished_until=None, *, comment: str = "") -> ResizeRequest:
+    """File a pending request for `vm` and tell the admins: the one way a request is filed (the
+    artist's form, the API, an admin accepting a right-sizing suggestion). `comment` goes on the
+    audit event (e.g. which suggestion it came from)."""
     with transaction.atomic():
         vm = locks.lock_for_change(vms=[vm]).vms[vm.pk]
         validate(vm, user, requested_profile, requested_vgpus, wished_from, wished_until, reason)
@@ -118,7 +135,7 @@ def file_request(vm: VirtualMachine, user, requested_profile: VgpuProfile, reque
             requested_vgpus=requested_vgpus, reason=reason.strip(), requested_by=user,
             wished_from=wished_from, wished_until=wished_until,
         )
-        audit.record("resize_request.file", request, after=audit.snapshot(request))
+        audit.record("resize_request.file", request, after=audit.snapshot(request), comment=comment)
         # Every admin sees it in the app; those with an address also get the e-mail (`_notify`).
         admins = get_user_model().objects.filter(is_staff=True, is_active=True).order_by("pk")
         _notify(list(admins), f"Resize request for {vm.name}: {describe(request)}", "/requests/")
@@ -129,67 +146,49 @@ def describe(request: ResizeRequest) -> str:
     return f"{request.requested_vgpus} x {request.requested_profile.name}"
 
 
-def _gpu_order(request: ResizeRequest) -> list[list[Gpu]]:
-    """Candidate GPU lists, best first: the VM's own GPUs (then the rest of its host), then each other host."""
-    own = list(Gpu.objects.filter(vgpus__vm=request.vm).distinct().order_by("pk"))
-    model = request.requested_profile.gpu_model_id
-    host_id = own[0].host_id if own else request.vm.host_id
-    groups = []
-    if host_id:
-        rest = list(Gpu.objects.filter(host_id=host_id, gpu_model_id=model).exclude(pk__in=[g.pk for g in own])
-                    .order_by("pk"))
-        groups.append([g for g in own if g.gpu_model_id == model] + rest)
-    others = Gpu.objects.filter(gpu_model_id=model).exclude(host_id=host_id).select_related("host").order_by(
-        "host_id", "pk")
-    by_host: dict[int, list[Gpu]] = {}
-    for gpu in others:
-        by_host.setdefault(gpu.host_id, []).append(gpu)
-    groups.extend(by_host.values())
-    return groups
+def _impact(snapshot: FleetSnapshot, request: ResizeRequest) -> fit.Impact:
+    """The one answer to where `request` goes (`fleet.fit`), asked by the queue, the API and approval."""
+    profile = snapshot.profiles[request.requested_profile_id]
+    return fit.ImpactCalculator(snapshot).impact(request.vm_id, profile, request.requested_vgpus)
+
+
+def _no_room(request: ResizeRequest, impact: fit.Impact) -> str:
+    """Why `request` fits nowhere now, in the words the queue shows and a failed approval keeps."""
+    return " ".join([f"No GPU has room for {describe(request)} for {request.vm.name} now.", *impact.refusals,
+                     "Free capacity or reject the request."])
 
 
 def _place_all(request: ResizeRequest) -> list[Vgpu]:
-    """Remove the VM's vGPUs and place the requested ones on the first host whose GPUs take them all.
+    """Remove the VM's vGPUs and place the requested ones where `fleet.fit` says, on a snapshot
+    read under `_lock_for_approval`'s locks (so it is the fleet the writes meet); FleetConflict
+    when it fits nowhere.
 
-    Call it with `_lock_for_approval`'s locks held: it locks nothing they do not cover.
+    Call it with those locks held: it locks nothing they do not cover.
     """
-    # services.remove_vgpu / place_vgpu record vgpu.remove / vgpu.place themselves.
+    impact = _impact(fleet_snapshot(), request)
+    if impact.fits == fit.NOWHERE:
+        raise services.FleetConflict([Violation(placement.Rule.PLACEMENT_SLOT, _no_room(request, impact))])
+    # services.remove_vgpu / place_vgpu record vgpu.remove / vgpu.place themselves, and check
+    # every rule again: a disagreement with the answer above is refused, never written.
     services.remove_vgpus(Vgpu.objects.filter(vm=request.vm).order_by("pk"))
     vm = VirtualMachine.objects.get(pk=request.vm_id)
-    refusals: list[str] = []
-    for gpus in _gpu_order(request):
-        placed: list[Vgpu] = []
-        try:
-            with transaction.atomic():
-                for _ in range(request.requested_vgpus):
-                    refused = None
-                    for gpu in gpus:
-                        try:
-                            placed.append(services.place_vgpu(vm, gpu, request.requested_profile))
-                            break
-                        except PlacementError as exc:
-                            refused = exc
-                    else:
-                        raise refused or PlacementError([Violation(placement.Rule.PLACEMENT_SLOT, "no room")])
-        except PlacementError as exc:
-            refusals.append(f"On {gpus[0].host.name}: {'; '.join(v.message for v in exc.violations)}.")
-            continue
-        return placed
-    raise services.FleetConflict([Violation(
-        placement.Rule.PLACEMENT_SLOT,
-        " ".join([f"No GPU has room for {describe(request)} for {vm.name} now.", *refusals[:MAX_REASONS],
-                  "Free capacity or reject the request."]),
-    )])
-
-
-#: How many hosts' refusals a "no room" conflict quotes (the best candidates, in `_gpu_order`).
-MAX_REASONS = 3
+    gpus = Gpu.objects.select_related("host", "gpu_model").in_bulk(impact.gpu_ids)
+    placed = []
+    try:
+        for gpu_id in impact.gpu_ids:
+            placed.append(services.place_vgpu(vm, gpus[gpu_id], request.requested_profile))
+            vm = placed[-1].vm
+    except services.FleetConflict:
+        raise
+    except PlacementError as exc:
+        raise services.FleetConflict(exc.violations) from exc
+    return placed
 
 
 def _touched(request: ResizeRequest) -> dict[str, set]:
     """The hosts, GPUs and VM that applying `request` may write, as `lock_for_change` takes them:
     the VM, the GPUs its vGPUs are on and their hosts, and every GPU of the requested model
-    (each a candidate of `_gpu_order`) with its host. Ids, but the VM itself: a conflict names it."""
+    (each a candidate of `fleet.fit`) with its host. Ids, but the VM itself: a conflict names it."""
     vm = VirtualMachine.objects.filter(pk=request.vm_id).only("name", "host_id").first()
     held = Vgpu.objects.filter(vm_id=request.vm_id).values_list("gpu_id", "gpu__host_id")
     candidates = Gpu.objects.filter(gpu_model_id=request.requested_profile.gpu_model_id).values_list("pk", "host_id")
@@ -298,34 +297,58 @@ def _notify(users, message: str, url: str) -> None:
     transaction.on_commit(send)
 
 
-def fits(request: ResizeRequest) -> Fit:
-    """Where the request would go now, without writing: approval applies the same order under locks."""
+def fit_of(request: ResizeRequest, snapshot: FleetSnapshot) -> Fit:
+    """Where `request` would go on the fleet of `snapshot`: the answer approval follows
+    (`_place_all`), without a lock or a write."""
     if request.status != ResizeStatus.PENDING:
         return Fit("n/a")
+    if request.vm_id not in snapshot.vms or request.requested_profile_id not in snapshot.profiles:
+        return Fit("nowhere", reason="The VM or the profile was deleted meanwhile.")
+    impact = _impact(snapshot, request)
+    if impact.fits == fit.NOWHERE:
+        return Fit("nowhere", reason=_no_room(request, impact), detail=impact.detail)
+    return _fit(snapshot, request.vm_id, impact)
+
+
+def choice_fits(vm: VirtualMachine, choices, snapshot: FleetSnapshot) -> list[Fit]:
+    """Where each of `choices` ((profile, vGPUs) the artist's form offers for `vm`) would go now,
+    by the answer the queue shows and approval follows; the form says it next to each choice."""
+    calculator = fit.ImpactCalculator(snapshot)
+    fits_now = []
+    for profile, vgpus in choices:
+        if vm.pk not in snapshot.vms or profile.pk not in snapshot.profiles:
+            fits_now.append(Fit("n/a"))
+            continue
+        impact = calculator.impact(vm.pk, snapshot.profiles[profile.pk], vgpus)
+        fits_now.append(Fit("nowhere", detail=impact.detail) if impact.fits == fit.NOWHERE else
+                        _fit(snapshot, vm.pk, impact))
+    return fits_now
+
+
+def _fit(snapshot: FleetSnapshot, vm_id: int, impact: fit.Impact) -> Fit:
     # Compared by id: PCI bus ids repeat from host to host.
-    old_gpu_ids = set(Gpu.objects.filter(vgpus__vm=request.vm).values_list("pk", flat=True))
-    old_host_id = VirtualMachine.objects.filter(pk=request.vm_id).values_list("host_id", flat=True).first()
-    try:
-        touched = _touched(request)
-        # A dry run writes (and rolls back), so it locks as approval does, in the same order.
-        with read_cache.writes_rolled_back(), transaction.atomic():
-            placed = _place_all(_lock_for_approval(request, touched))
-            raise _Rollback(placed)
-    except _Rollback as result:
-        gpu_ids = {v.gpu_id for v in result.placed}
-        host = result.placed[0].gpu.host
-        where = "same_gpu" if gpu_ids <= old_gpu_ids else ("other_gpu" if host.pk == old_host_id else "other_host")
-        return Fit(where, tuple(sorted({v.gpu.label for v in result.placed})), host.name)
-    except PlacementError as exc:
-        return Fit("nowhere", reason=str(exc))
+    vm = snapshot.vms[vm_id]
+    own = {v.gpu_id for v in vm.vgpus}
+    home = vm.vgpus[0].host_id if vm.vgpus else vm.host_id
+    where = ("same_gpu" if set(impact.gpu_ids) <= own else
+             "other_gpu" if impact.host_id == home else "other_host")
+    labels = tuple(sorted({snapshot.gpus[g].label for g in impact.gpu_ids}))
+    return Fit(where, labels, snapshot.hosts[impact.host_id].name, detail=impact.detail)
 
 
-class _Rollback(Exception):
-    """Carries the dry run's placements out of the transaction it rolls back."""
+def fits(request: ResizeRequest) -> Fit:
+    """Where the request would go now (`fit_of` on a fresh snapshot); see `fits_all` for a list."""
+    return fit_of(request, fleet_snapshot())
 
-    def __init__(self, placed):
-        super().__init__("dry run")
-        self.placed = placed
+
+def fits_all(requests) -> list[Fit]:
+    """`fit_of` for each of `requests`, over one snapshot: a fixed number of queries for a queue
+    of any length, and no lock or write (the queue is read on every visit)."""
+    requests = list(requests)
+    if not any(r.status == ResizeStatus.PENDING for r in requests):
+        return [Fit("n/a") for _ in requests]
+    snapshot = fleet_snapshot()
+    return [fit_of(r, snapshot) for r in requests]
 
 
 # Evidence ----------------------------------------------------------------------------------

@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from django.db import IntegrityError, transaction
-from django.db.models import Sum
+from django.db.models import Count, Sum
 
 from fleet import audit, locks, placement
 from fleet.locks import FleetConflict, conflict
@@ -57,6 +57,7 @@ def host_state(host: Host, exclude_vm_id: int | None = None) -> placement.HostSt
         id=host.pk, name=host.name, cpu_threads=host.cpu_threads, ram_gib=host.ram_gib,
         vcpu_overcommit=host.vcpu_overcommit, ram_overcommit=host.ram_overcommit,
         allocated_vcpus=claims["vcpus"] or 0, allocated_ram_gib=claims["ram_gib"] or 0,
+        multi_vgpu_same_gpu=host.multi_vgpu_same_gpu,
     )
 
 
@@ -233,19 +234,33 @@ def update_gpu(gpu: Gpu, **fields) -> Gpu:
 CAPACITY_FIELDS = ("cpu_threads", "ram_gib", "vcpu_overcommit", "ram_overcommit")
 
 
+def _stacked(host: Host) -> list[tuple[str, str]]:
+    """(VM name, GPU PCI bus id) where a VM holds several vGPUs on one GPU of `host`."""
+    rows = (Vgpu.objects.filter(gpu__host=host).order_by().values("vm__name", "gpu__pci_bus_id")
+            .annotate(n=Count("pk")).filter(n__gt=1).order_by("vm__name", "gpu__pci_bus_id"))
+    return [(row["vm__name"], row["gpu__pci_bus_id"]) for row in rows]
+
+
 def update_host(host: Host, **fields) -> Host:
     """Save changes to a host, refusing capacity below what its VMs already claim.
 
     What is checked is what is written: `host` with `fields` applied. Only a change of
     capacity is checked, so a host already over capacity (say after its overcommit
-    default changed) can still be renamed or given more capacity.
+    default changed) can still be renamed or given more capacity. A host stops letting a VM's
+    vGPUs share a GPU only once no VM holds several vGPUs on one of its GPUs.
     """
     wanted = {name: fields.get(name, getattr(host, name)) for name in CAPACITY_FIELDS}
+    sharing = fields.get("multi_vgpu_same_gpu", host.multi_vgpu_same_gpu)
 
     def violations(current: Host | None) -> list[Violation]:
-        if current is None or not any(wanted[name] < getattr(current, name) for name in CAPACITY_FIELDS):
+        if current is None:
             return []
-        return placement.check_host_capacity(host_state(current), **wanted)
+        found = []
+        if any(wanted[name] < getattr(current, name) for name in CAPACITY_FIELDS):
+            found += placement.check_host_capacity(host_state(current), **wanted)
+        if current.multi_vgpu_same_gpu and not sharing:
+            found += placement.check_sharing_off(current.name, _stacked(current))
+        return found
 
     return _save_checked(host, "host", fields, violations,
                          lambda _: locks.lock_for_change(hosts=[host]).hosts[host.pk])

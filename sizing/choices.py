@@ -4,7 +4,7 @@ from django.db import models
 
 
 class Fits(models.TextChoices):
-    """Where a suggested profile fits now (`sizing.impact.Impact.fits`)."""
+    """Where a suggested profile fits now (`fleet.fit.Impact.fits`)."""
 
     SAME_GPU = "same_gpu", "Fits on its GPU"
     MOVE = "move", "Needs a move"

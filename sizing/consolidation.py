@@ -23,8 +23,8 @@ from collections.abc import Callable, Iterable, Sequence
 
 from fleet import placement
 from fleet.placement import ProfileSpec
+from fleet.snapshot import FleetSnapshot
 from sizing.packing import Arrival, Layout, WorkGpu, WorkVm, gpu_lower_bound
-from sizing.snapshot import FleetSnapshot
 
 Report = Callable[[float, str], None]  # progress: (fraction of the run, stage)
 
@@ -807,3 +807,53 @@ def _replace_home_first(layout: Layout, snapshot: FleetSnapshot, vm_ids: list[in
         if not place_vm(layout, vm, profiles, prefer=gpus, prefer_host=host_id):
             return False
     return True
+
+
+# --- making room for one resize --------------------------------------------------------------
+
+#: How many GPUs `moves_to_fit` drains at most before it gives up.
+MAX_DRAINS = 8
+
+
+def moves_to_fit(snapshot: FleetSnapshot, vm_id: int, profile: ProfileSpec, vgpus: int) -> int | None:
+    """How many other VMs must move for VM `vm_id` to hold `vgpus` vGPUs of `profile`: 0 when it
+    fits as the fleet stands, None when draining up to `MAX_DRAINS` GPUs does not make room.
+
+    For "fits only if N other VMs move" where `fleet.fit` answers "nowhere". Greedy and cheap
+    (a page may ask it for each refused request): GPUs of the profile's model are drained one
+    at a time, fewest VMs first, each VM into room on GPUs already in use (as the optimizer's
+    drains do, every placement asked of `fleet.placement`), and the resize is tried after each
+    drain. N is an upper bound: the optimizer (`sizing.optimizer.optimize` with the request as a
+    change) may find room moving fewer, and it plans the moves an admin then applies.
+    """
+    layout = Layout(snapshot)
+    vm = layout.vms[vm_id]
+    wanted = [profile] * vgpus
+    own = [g for g, _ in vm.vgpus]
+    home = vm.host_id
+    # The VM gives up its vGPUs first (approval does too), so no drain has to move it.
+    if not layout.remove(vm):
+        return None
+    layout.commit()
+
+    def fits() -> bool:
+        mark = layout.mark()
+        placed = place_vm(layout, vm, wanted, prefer=own, prefer_host=home)
+        layout.rollback(mark)
+        return placed
+
+    if fits():
+        return 0
+    drains = sorted(
+        (g for g in layout.gpus.values() if g.usable and g.model.name == profile.gpu_model and g.vgpus),
+        key=lambda g: (len({v.vm_id for v in g.vgpus}), -_free_share(g), g.order),
+    )
+    moved: set[int] = set()
+    for gpu in drains[:MAX_DRAINS]:
+        others = {v.vm_id for v in gpu.vgpus}
+        if not _room_for(layout, gpu) or not _drain(layout, gpu):
+            continue
+        moved |= others
+        if fits():
+            return len(moved)
+    return None

@@ -45,9 +45,9 @@ from dataclasses import asdict, dataclass, field, replace
 
 from fleet import placement
 from fleet.placement import MAX_VGPUS_PER_VM, GpuState, PlacedVgpu, ProfileSpec, Violation, VmState, VmVgpu
+from fleet.snapshot import FleetSnapshot
 from sizing import consolidation as search
 from sizing.packing import Arrival, Layout, arrange_mixed, gpu_lower_bound
-from sizing.snapshot import FleetSnapshot
 
 ProgressCallback = Callable[[float, str], None]
 

@@ -38,10 +38,10 @@ from fleet import audit, locks, services
 from fleet.choices import ResizeStatus
 from fleet.models import Gpu, ResizeRequest, Vgpu, VgpuProfile, VirtualMachine
 from fleet.placement import PlacementError, Violation
+from fleet.queries import fleet_snapshot
+from fleet.snapshot import FleetSnapshot
 from sizing import optimizer
 from sizing.models import OptimizerRun, OptimizerStatus, Suggestion, SuggestionAction
-from sizing.queries import fleet_snapshot
-from sizing.snapshot import FleetSnapshot
 
 logger = logging.getLogger(__name__)
 

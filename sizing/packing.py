@@ -26,7 +26,7 @@ from fractions import Fraction
 
 from fleet import placement
 from fleet.placement import GpuState, HostState, PlacedVgpu, ProfileSpec, VmState, VmVgpu
-from sizing.snapshot import FleetSnapshot
+from fleet.snapshot import FleetSnapshot
 
 Arrival = tuple[int, ProfileSpec]  # (vm_id, profile) of a vGPU placed again when the plan is applied
 
@@ -94,6 +94,7 @@ class WorkHost:
     gpu_ids: list[int] = field(default_factory=list)
     allocated_vcpus: int = 0
     allocated_ram_gib: int = 0
+    multi_vgpu_same_gpu: bool = False
     _state: HostState | None = None
 
     def state(self) -> HostState:
@@ -102,6 +103,7 @@ class WorkHost:
                 id=self.id, name=self.name, cpu_threads=self.cpu_threads, ram_gib=self.ram_gib,
                 vcpu_overcommit=self.vcpu_overcommit, ram_overcommit=self.ram_overcommit,
                 allocated_vcpus=self.allocated_vcpus, allocated_ram_gib=self.allocated_ram_gib,
+                multi_vgpu_same_gpu=self.multi_vgpu_same_gpu,
             )
         return self._state
 
@@ -208,6 +210,7 @@ class Layout:
                 id=h.id, name=h.name, cpu_threads=h.cpu_threads, ram_gib=h.ram_gib,
                 vcpu_overcommit=h.vcpu_overcommit, ram_overcommit=h.ram_overcommit,
                 vcpu_capacity=h.vcpu_capacity, ram_capacity_gib=h.ram_capacity_gib,
+                multi_vgpu_same_gpu=h.multi_vgpu_same_gpu,
             )
         self.gpus: dict[int, WorkGpu] = {}
         for g in sorted(snapshot.gpus.values(), key=lambda g: (g.host_id, g.id)):

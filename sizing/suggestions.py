@@ -1,11 +1,11 @@
 """Right-sizing suggestions: refreshed from the hourly rollups, then accepted, dismissed or restored.
 
 `refresh_suggestions` is the hourly beat task's work (`sizing.tasks`): it reads the fleet once
-(`sizing.queries.fleet_snapshot`), streams every VM's hourly rollups over the window in one
+(`fleet.queries.fleet_snapshot`), streams every VM's hourly rollups over the window in one
 query, asks the pure engine (`sizing.engine.advise`) what each VM should hold and, for a resize,
-where the new size would fit (`sizing.impact.ImpactCalculator`), then upserts one `Suggestion` per
-VM. The query count is the same for ten VMs as for ten thousand (apart from the insert batches),
-and memory holds one VM's rollups at a time.
+where the new size would fit (`fleet.fit.ImpactCalculator`, the answer approval follows), then
+upserts one `Suggestion` per VM. The query count is the same for ten VMs as for ten thousand
+(apart from the insert batches), and memory holds one VM's rollups at a time.
 
 A dismissal hides a suggestion while its `evidence_key` (a coarse digest of the advice and its
 figures, `sizing.engine.evidence_key`) stays what it was dismissed on; once a refresh changes the
@@ -31,13 +31,13 @@ from django.db.models import F, Q
 from django.utils import timezone
 
 from fleet import audit, locks
-from fleet.choices import ResizeStatus
+from fleet import requests as resize_requests
+from fleet.fit import ImpactCalculator
 from fleet.models import ResizeRequest, Vgpu
+from fleet.queries import fleet_snapshot
+from fleet.snapshot import FleetSnapshot
 from sizing import engine
-from sizing.impact import ImpactCalculator
 from sizing.models import Suggestion, SuggestionAction
-from sizing.queries import fleet_snapshot
-from sizing.snapshot import FleetSnapshot
 from telemetry.aggregation import bucket_floor
 from telemetry.models import VmRollup
 
@@ -133,6 +133,7 @@ def _suggestion(snapshot: FleetSnapshot, impacts: ImpactCalculator, vm_id: int, 
         evidence["impact"] = {
             "fits": impact.fits, "detail": impact.detail, "violations": [str(v) for v in impact.violations],
             "gpu_ids": list(impact.gpu_ids), "host_id": impact.host_id, "gpus_delta": impact.gpus_delta,
+            "refusals": list(impact.refusals), "frees_by_moving": impact.frees_by_moving,
         }
     return Suggestion(
         vm_id=vm_id, current_profile_id=current.id,
@@ -256,9 +257,12 @@ def accept_suggestion(suggestion: Suggestion, user, *, evidence_key: str = "", n
     """File a pending resize request for the suggested profile (and vGPU count) of the VM, by
     `user`, linked from the suggestion; returns it.
 
-    Raises SuggestionConflict when there is nothing to resize (keep, not enough data), when a
-    request for the VM is already pending, when the VM's vGPUs changed since the suggestion was
-    computed, or when `evidence_key` (what the admin was shown) is no longer the evidence.
+    The request is filed through `fleet.requests.file_request`, so it is validated, audited and
+    announced to the admins exactly as one filed by the artist. Raises SuggestionConflict when
+    there is nothing to resize (keep, not enough data), when the VM's vGPUs changed since the
+    suggestion was computed, when `evidence_key` (what the admin was shown) is no longer the
+    evidence, or when filing refuses the request (a request for the VM already pending, a
+    vGPU count the profile does not allow...), in filing's words.
     """
     with transaction.atomic():
         suggestion = _locked_suggestion(suggestion)
@@ -268,11 +272,6 @@ def accept_suggestion(suggestion: Suggestion, user, *, evidence_key: str = "", n
             raise SuggestionConflict(
                 f"The suggestion for {vm.name} is \"{suggestion.get_action_display()}\": there is nothing to resize.",
             )
-        pending = ResizeRequest.objects.filter(vm=vm, status=ResizeStatus.PENDING).order_by("created_at", "id").first()
-        if pending is not None:
-            raise SuggestionConflict(
-                f"Resize request #{pending.pk} for {vm.name} is already pending; approve or reject it first.",
-            )
         profiles = list(Vgpu.objects.filter(vm=vm).values_list("profile_id", flat=True))
         if suggestion.current_profile_id not in profiles:
             raise SuggestionConflict(
@@ -281,13 +280,14 @@ def accept_suggestion(suggestion: Suggestion, user, *, evidence_key: str = "", n
         reason = resize_reason(suggestion)
         if note:
             reason = f"{reason}\n\n{note}"
-        request = ResizeRequest.objects.create(
-            vm=vm, current_profile=suggestion.current_profile, current_vgpus=len(profiles),
-            requested_profile=suggestion.suggested_profile,
-            requested_vgpus=suggestion.suggested_vgpus or len(profiles), reason=reason, requested_by=user,
-        )
-        audit.record("resize_request.file", request, after=audit.snapshot(request),
-                     comment=f"from the right-sizing suggestion for {vm.name}")
+        try:
+            # Filed as the artist's form and the API file one: same validation, audit and notifications.
+            request = resize_requests.file_request(
+                vm, user, suggestion.suggested_profile, suggestion.suggested_vgpus or len(profiles), reason,
+                comment=f"from the right-sizing suggestion for {vm.name}",
+            )
+        except resize_requests.RequestError as exc:
+            raise SuggestionConflict(f"No request was filed for {vm.name}: {' '.join(exc.errors.values())}") from exc
         before = audit.snapshot(suggestion, AUDITED_FIELDS)
         suggestion.resize_request = request
         suggestion.save(update_fields=["resize_request"])

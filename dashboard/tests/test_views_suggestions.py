@@ -246,7 +246,7 @@ def test_a_second_accept_is_refused_with_a_message_and_files_nothing_more(staff_
     response = staff_client.post(f"{PAGE}{world.heavy_s.pk}/accept/", follow=True)
 
     assert ResizeRequest.objects.count() == 1
-    assert "is already pending" in text(body(response))
+    assert "already has a pending request" in text(body(response))
 
 
 def test_a_pending_request_filed_elsewhere_replaces_the_accept_button(staff_client, world):

@@ -225,6 +225,7 @@ def test_query_count_does_not_grow_with_vms(client, db, django_assert_num_querie
         assert len(re.findall(r'data-section="workstation"', body)) == n
     assert counts[2] == counts[12]
     # session, user, artist, VMs (with their suggestions), vGPUs, usage, agents, vGPU profiles and resize
-    # requests (the request form), and the navigation badges
-    with django_assert_num_queries(10):
+    # requests (the request form), the fleet snapshot of the VMs' GPU models (7: where each choice of
+    # the form fits now) and the navigation badges
+    with django_assert_num_queries(17):
         me(client)

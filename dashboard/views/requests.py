@@ -40,7 +40,9 @@ def request_list(request):
         "decided_by",
     )
     status = request.GET.get("status", "")
-    pending = [(r, service.fits(r), service.evidence_of(r.vm, r)) for r in qs.filter(status=ResizeStatus.PENDING)]
+    rows = list(qs.filter(status=ResizeStatus.PENDING))
+    # One snapshot for the whole queue: no lock and no write on a GET.
+    pending = [(r, fit, service.evidence_of(r.vm, r)) for r, fit in zip(rows, service.fits_all(rows), strict=True)]
     decided = qs.exclude(status=ResizeStatus.PENDING)
     refused = bool(status) and status not in ResizeStatus.values
     if refused:

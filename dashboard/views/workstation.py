@@ -27,6 +27,7 @@ from dashboard.views.details import (
 from fleet import placement
 from fleet import requests as resize_requests
 from fleet.models import Artist, ResizeRequest, VgpuProfile, VirtualMachine
+from fleet.queries import fleet_snapshot
 
 DEFAULT_RANGE = "30d"
 
@@ -41,7 +42,8 @@ class Workstation:
     summary: list[str]
     charts: list[Chart]
     notices: list[Notice]
-    profile_choices: list = field(default_factory=list)  # profiles a resize request may ask for
+    profile_choices: list = field(default_factory=list)  # (profile, Fit): profiles a request may ask for
+    more_fit: resize_requests.Fit | None = None  # where one more vGPU would go now
     requests: list = field(default_factory=list)  # this VM's resize requests, newest first
     evidence: resize_requests.Evidence = field(default_factory=resize_requests.Evidence)
 
@@ -101,8 +103,16 @@ def workstation(request):
         def models_of(vm: VirtualMachine) -> set[int]:
             return {vgpu.profile.gpu_model_id for vgpu in vm.vgpus.all()}
 
+        # Where each choice of the form fits now: the queue's and approval's own answer, over the
+        # GPUs of the artist's models only.
+        snapshot = fleet_snapshot(set().union(*map(models_of, vms))) if vms else None
+
         for vm in vms:
             profile_fb_mib = sum(vgpu.profile.fb_mib for vgpu in vm.vgpus.all())
+            count = len(vm.vgpus.all())
+            choices = [(p, count or 1) for p in profiles if p.gpu_model_id in models_of(vm)]
+            more = [(vm.vgpus.all()[0].profile, count + 1)] if count else []
+            fits_now = resize_requests.choice_fits(vm, choices + more, snapshot)
             vm_agents = agents.get(vm.host_id, [])
             hint = no_data_hint(vm.host, vm_agents, staff)
             used = usage.get(vm.pk, NO_USAGE)
@@ -111,7 +121,8 @@ def workstation(request):
                 summary=usage_sentences(used, profile_fb_mib, time_range),
                 charts=vm_charts(vm, profile_fb_mib, time_range, hint),
                 notices=agent_notices(vm_agents, staff),
-                profile_choices=[p for p in profiles if p.gpu_model_id in models_of(vm)],
+                profile_choices=[(p, f) for (p, _), f in zip(choices, fits_now, strict=False)],
+                more_fit=fits_now[-1] if more else None,
                 requests=requests_by_vm.get(vm.pk, [])[:10],
                 evidence=resize_requests.evidence_of(vm),
             ))

@@ -38,12 +38,13 @@ class ResizeRequestSerializer(serializers.ModelSerializer):
 
     @extend_schema_field({"type": "object", "properties": {
         "where": {"type": "string"}, "gpus": {"type": "array", "items": {"type": "string"}},
-        "host": {"type": "string"}, "reason": {"type": "string"}}})
+        "host": {"type": "string"}, "reason": {"type": "string"}, "detail": {"type": "string"}}})
     def get_fits(self, obj: ResizeRequest) -> dict:
         if self.context.get("view") is None or self.context["view"].action != "retrieve":
-            return {"where": "", "gpus": [], "host": "", "reason": "see the request's detail"}
+            return {"where": "", "gpus": [], "host": "", "reason": "see the request's detail", "detail": ""}
         fit = service.fits(obj)
-        return {"where": fit.where, "gpus": list(fit.gpus), "host": fit.host, "reason": fit.reason}
+        return {"where": fit.where, "gpus": list(fit.gpus), "host": fit.host, "reason": fit.reason,
+                "detail": fit.detail}
 
     @extend_schema_field({"type": "object", "properties": {
         "action": {"type": "string", "description": "upsize, downsize, keep, insufficient_data; empty without one"},

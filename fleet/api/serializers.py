@@ -38,7 +38,7 @@ class HostSerializer(serializers.ModelSerializer):
     class Meta:
         model = Host
         fields = ["id", "name", "hypervisor", "cpu_model", "cpu_threads", "ram_gib", "vcpu_overcommit",
-                  "ram_overcommit", "allocated_vcpus", "allocated_ram_gib", "gpu_count"]
+                  "ram_overcommit", "multi_vgpu_same_gpu", "allocated_vcpus", "allocated_ram_gib", "gpu_count"]
         extra_kwargs = {"cpu_threads": {"min_value": 1}, "ram_gib": {"min_value": 1}}
 
     def create(self, validated_data):

@@ -415,6 +415,17 @@ def test_vm_vgpus_stay_on_one_host():
     assert "VM ws-1 runs on another host" in messages(decision)
 
 
+def test_a_vms_vgpus_take_distinct_gpus_unless_the_host_allows_sharing():
+    holder = _vm_with("L40S-12Q", gpu_id=1)
+    decision = decide(gpu("L40S", gpu_id=1), "L40S-12Q", holder)
+    assert rules(decision) == {Rule.VM_SAME_GPU}
+    assert "VM ws-1 already holds a vGPU on GPU gpu1; host big-host puts each vGPU of a VM on a GPU of its own" \
+        in messages(decision)
+    assert decide(gpu("L40S", gpu_id=2), "L40S-12Q", holder).ok
+    sharing = dataclasses.replace(BIG_HOST, multi_vgpu_same_gpu=True)
+    assert decide(gpu("L40S", gpu_id=1), "L40S-12Q", holder, sharing).ok
+
+
 def test_vm_vgpus_share_board_and_series():
     holder = _vm_with("L40S-12Q")
     assert decide(gpu("L40S"), "L40S-24Q", holder).ok  # sizes may differ on non-Turing boards

@@ -33,10 +33,11 @@ from fleet.placement import (
 )
 from fleet.tests.test_placement import all_profile_names, gpu, profile_spec
 
-# Host 1 is small on purpose, so that vCPU and RAM refusals happen often.
+# Host 1 is small on purpose, so that vCPU and RAM refusals happen often. Host 2 lets a VM's
+# vGPUs share a GPU (Host.multi_vgpu_same_gpu); host 1 gives each a GPU of its own.
 HOSTS = {
     1: HostState(id=1, name="h1", cpu_threads=16, ram_gib=96, vcpu_overcommit=1.5),
-    2: HostState(id=2, name="h2", cpu_threads=24, ram_gib=128, ram_overcommit=1.25),
+    2: HostState(id=2, name="h2", cpu_threads=24, ram_gib=128, ram_overcommit=1.25, multi_vgpu_same_gpu=True),
 }
 GPUS = (
     gpu("L40S", gpu_id=1, host_id=1, size_mode="mixed"),
@@ -213,6 +214,8 @@ class FleetMachine(RuleBasedStateMachine):
             assert len(held) <= MAX_VGPUS_PER_VM
             assert len(held) <= min(p.profile.max_per_vm for p in held), vm_id
             assert len({self.gpus[p.gpu_id].host_id for p in held}) == 1, vm_id
+            if not HOSTS[self.gpus[held[0].gpu_id].host_id].multi_vgpu_same_gpu:
+                assert len({p.gpu_id for p in held}) == len(held), vm_id
             assert len({(p.profile.gpu_model, p.profile.series) for p in held}) == 1, vm_id
             model = self.gpus[held[0].gpu_id].model
             if len(held) > 1 and model.multi_vgpu_full_only:
@@ -244,10 +247,13 @@ def test_machine_fills_the_fleet_within_the_invariants():
     """The machine really places vGPUs (the invariants are not checked on an empty fleet only)."""
     machine = FleetMachine()
     l40s_8q, rtx_24q = profile_spec("L40S-8Q"), profile_spec("RTX6000-24Q")
-    assert [machine.try_place(1, 1, l40s_8q) for _ in range(5)] == [True, True, True, True, False]
+    # Host 1 gives each vGPU of a VM a GPU of its own; host 2 lets them share one, up to the
+    # profile's four per VM.
+    assert [machine.try_place(1, 1, l40s_8q) for _ in range(2)] == [True, False]
+    assert [machine.try_place(9, 5, l40s_8q) for _ in range(5)] == [True, True, True, True, False]
     assert machine.try_place(3, 2, rtx_24q)
     assert machine.try_place(4, 2, rtx_24q)
-    assert len(machine.placed) == 6
+    assert len(machine.placed) == 7
     for name in INVARIANTS:
         getattr(machine, name)()
 
@@ -263,6 +269,8 @@ def test_machine_fills_the_fleet_within_the_invariants():
     ([Placed(3, 1, profile_spec("RTX6000-12Q"), 0), Placed(3, 2, profile_spec("RTX6000-12Q"), 0)],
      "placement_ids_unique_per_gpu"),
     ([Placed(8, 1, profile_spec("RTX6000-24Q"), 0)], "passthrough_gpus_hold_nothing"),
+    ([Placed(2, 1, profile_spec("L40S-12Q"), 0), Placed(2, 1, profile_spec("L40S-12Q"), 1)],
+     "vm_multi_vgpu_rules"),
 ])
 def test_invariants_catch_a_fleet_the_rules_should_have_refused(bad, caught_by):
     """Each kind of bad fleet trips its invariant, so a rule that lets one through fails the property."""

@@ -90,10 +90,10 @@ def test_a_profile_limits_vgpus_per_vm(fleet_world, artist_api):
 def test_a_vm_with_several_vgpus_keeps_its_series(artist, artist_api):
     a40 = gpu_model("NVIDIA A40")
     vm = VirtualMachineFactory(name="ws-a40", artist=artist)
-    gpu = GpuFactory(host=HostFactory(name="host-a40"), gpu_model=a40)
+    host = HostFactory(name="host-a40")
     q24 = VgpuProfile.objects.get(gpu_model=a40, series="Q", fb_mib=24576)
-    for _ in range(2):
-        services.place_vgpu(vm, gpu, q24)
+    for _ in range(2):  # each vGPU of the VM on a GPU of its own
+        services.place_vgpu(vm, GpuFactory(host=host, gpu_model=a40), q24)
     other_series = VgpuProfile.objects.filter(gpu_model=a40).exclude(series="Q").order_by("pk").first()
     body = {"vm": vm.pk, "requested_profile": other_series.pk, "requested_vgpus": 2, "reason": "compute"}
     response = artist_api.post(URL, body, format="json")
@@ -211,12 +211,12 @@ def test_fits_says_another_gpu_another_host_or_nowhere(fleet_world, admin_user):
     GpuFactory(host=fleet_world.host_a, pci_bus_id="00000000:5E:00.0")
     fit = service.fits(request)
     assert (fit.where, fit.host, fit.gpus) == ("other_gpu", "host-a", ("00000000:5E:00.0",))
-    assert Vgpu.objects.filter(vm=fleet_world.vm_a).get().gpu == fleet_world.gpu_a  # a dry run moved nothing
+    assert Vgpu.objects.filter(vm=fleet_world.vm_a).get().gpu == fleet_world.gpu_a  # asking moved nothing
 
 
 def test_working_out_where_a_request_fits_changes_nothing_the_read_cache_keeps(fleet_world, admin_api, filed):
-    """The queue's dry run places and removes vGPUs in a transaction it always rolls back: lists
-    and the overview cached before it are still served after it (config/read_cache.py)."""
+    """Working out where a request fits only reads (a snapshot and the pure answer of fleet.fit):
+    lists and the overview cached before it are still served after it (config/read_cache.py)."""
     from config import read_cache
     from fleet.models import Vgpu
 

@@ -9,8 +9,9 @@ import pytest
 from django.contrib.auth import authenticate, get_user_model
 from django.core.management import CommandError, call_command
 
-from fleet import demo, placement, services
+from fleet import demo, fit, placement, services
 from fleet.models import Artist, Gpu, Host, Vgpu, VirtualMachine
+from fleet.queries import fleet_snapshot
 from fleet.tests.factories import VirtualMachineFactory, profile
 
 pytestmark = pytest.mark.django_db
@@ -159,6 +160,13 @@ def test_the_default_studio_shows_what_the_sizing_guide_describes():
     assert all(v.profile.fb_mib <= 4096 for v in a16_light.select_related("profile"))
     assert multi  # a lighting/rendering VM on several whole GPUs (multi-vGPU)
     assert all(v.profile.is_full_gpu for vm in multi for v in vm.vgpus.select_related("profile__gpu_model"))
+    # Each vGPU of a VM on a GPU of its own, where the answer to "where does it fit" keeps them.
+    snapshot = fleet_snapshot()
+    for vm in multi:
+        held = list(vm.vgpus.all())
+        assert len({v.gpu_id for v in held}) == len(held), vm.name
+        answer = fit.resize_impact(snapshot, vm.pk, snapshot.profiles[held[0].profile_id], len(held))
+        assert (answer.fits, set(answer.gpu_ids)) == (fit.SAME_GPU, {v.gpu_id for v in held}), vm.name
     assert set(Gpu.objects.values_list("gpu_model__name", flat=True)) == {
         "Quadro RTX 6000", "Quadro RTX 8000", "NVIDIA L40S", "NVIDIA A16",
     }

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from ortools.sat.python import cp_model
 
-from sizing.snapshot import FleetSnapshot
+from fleet.snapshot import FleetSnapshot
 
 
 @dataclass(frozen=True)
@@ -84,6 +84,13 @@ def exact_optimum(snapshot: FleetSnapshot, changes=(), *, time_limit_s: float = 
                 load.setdefault((g.id, fb_mib), []).append(n)
                 sizes_on[g.id].add(fb_mib)
             model.add(sum(placed) == k)
+        # Each vGPU of a VM on a GPU of its own, unless its host lets them share one.
+        per_gpu: dict[int, list] = {}
+        for gpu_id, n in counts_of.get(vm_id, []):
+            per_gpu.setdefault(gpu_id, []).append(n)
+        for gpu_id, variables in per_gpu.items():
+            if not snapshot.hosts[snapshot.gpus[gpu_id].host_id].multi_vgpu_same_gpu:
+                model.add(sum(variables) <= 1)
     used = []
     in_use_of: dict[int, object] = {}
     size_vars: dict[tuple[str, int], list] = {}

@@ -8,7 +8,7 @@ from dataclasses import replace
 
 from fleet import placement
 from fleet.catalog import CATALOG, profiles_of
-from sizing.snapshot import FleetSnapshot
+from fleet.snapshot import FleetSnapshot
 
 
 def catalog() -> tuple[dict[str, placement.GpuModelSpec], dict[int, placement.ProfileSpec]]:

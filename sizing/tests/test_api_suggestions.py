@@ -186,7 +186,7 @@ def test_a_second_accept_while_the_request_is_pending_is_a_409(admin_api, world)
 
     assert first.status_code == 201
     assert second.status_code == 409
-    assert f"#{first.json()['resize_request']['id']} for ws-heavy is already pending" in second.json()["detail"]
+    assert f"already has a pending request (#{first.json()['resize_request']['id']})" in second.json()["detail"]
     assert ResizeRequest.objects.count() == 1
 
 

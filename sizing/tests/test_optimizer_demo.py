@@ -4,8 +4,8 @@ import pytest
 
 from fleet.demo import seed_demo
 from fleet.models import VgpuProfile, VirtualMachine
+from fleet.queries import fleet_snapshot
 from sizing import optimizer
-from sizing.queries import fleet_snapshot
 
 pytestmark = pytest.mark.django_db
 

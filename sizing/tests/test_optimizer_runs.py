@@ -12,11 +12,11 @@ from fleet import services
 from fleet.choices import ResizeStatus
 from fleet.models import Gpu, Host, ResizeRequest, Vgpu, VirtualMachine
 from fleet.placement import Rule, Violation
+from fleet.queries import fleet_snapshot
 from fleet.tests.factories import GpuFactory, VirtualMachineFactory, profile
 from fleet.tests.lock_race import assert_lock_order, record_locks
 from sizing import optimizer, optimizer_runs, tasks
 from sizing.models import OptimizerRun, OptimizerStatus, SuggestionAction
-from sizing.queries import fleet_snapshot
 from sizing.tests.optimizer_world import (
     fleet_with_request,
     fragmented_fleet,

@@ -7,11 +7,13 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
+from django.core import mail
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
+from fleet import requests as resize_requests
 from fleet import services
-from fleet.models import ResizeRequest, Vgpu
+from fleet.models import AuditEvent, Notification, ResizeRequest, Vgpu
 from fleet.tests.factories import GpuFactory, HostFactory, VirtualMachineFactory, profile
 from sizing import engine
 from sizing.models import Suggestion
@@ -308,6 +310,44 @@ def test_the_request_link_holds_while_the_suggestion_asks_the_same(world, admin_
     refresh_suggestions(now=NOW)
     assert suggestion_of(world.heavy).resize_request is None
     assert ResizeRequest.objects.filter(pk=filed.pk, status="pending").exists()
+
+
+def test_accepting_tells_the_admins_as_filing_does(world, admin_user, django_capture_on_commit_callbacks):
+    admin_user.email = "admin@example.com"
+    admin_user.save()
+    refresh_suggestions(now=NOW)
+    with django_capture_on_commit_callbacks(execute=True):
+        accepted = accept_suggestion(suggestion_of(world.heavy), admin_user)
+        filed = resize_requests.file_request(world.peer, admin_user, profile("RTX6000-24Q"), 1, "by hand")
+
+    notes = {n.message: n.url for n in Notification.objects.filter(user=admin_user)}
+    assert notes == {"Resize request for ws-heavy: 1 x RTX6000-24Q": "/requests/",
+                     "Resize request for ws-peer: 1 x RTX6000-24Q": "/requests/"}
+    assert sorted(m.subject for m in mail.outbox) == ["vGPU fleet: Resize request for ws-heavy: 1 x RTX6000-24Q",
+                                                      "vGPU fleet: Resize request for ws-peer: 1 x RTX6000-24Q"]
+    events = AuditEvent.objects.filter(action="resize_request.file").order_by("pk")
+    assert [(e.object_id, e.comment) for e in events] == [
+        (str(accepted.pk), "from the right-sizing suggestion for ws-heavy"), (str(filed.pk), "")]
+
+
+def test_accepting_refuses_what_filing_refuses(world, admin_user):
+    refresh_suggestions(now=NOW)
+    # Two RTX6000-12Q in one VM: Turing boards combine only full-GPU profiles.
+    Suggestion.objects.filter(vm=world.heavy).update(suggested_profile=world.q12, suggested_vgpus=2)
+    with pytest.raises(resize_requests.RequestError) as by_hand:
+        resize_requests.file_request(world.heavy, admin_user, world.q12, 2, "by hand")
+    with pytest.raises(SuggestionConflict) as accepted:
+        accept_suggestion(suggestion_of(world.heavy), admin_user)
+    assert by_hand.value.errors["requested_vgpus"] in str(accepted.value)
+    assert "may only use full-GPU profiles" in str(accepted.value)
+    assert not ResizeRequest.objects.exists()
+
+    # A request already pending for the VM: filing's own refusal, in filing's words.
+    pending = resize_requests.file_request(world.heavy, admin_user, world.q24, 1, "by hand")
+    Suggestion.objects.filter(vm=world.heavy).update(suggested_profile=world.q24, suggested_vgpus=None)
+    with pytest.raises(SuggestionConflict, match=rf"already has a pending request \(#{pending.pk}\)"):
+        accept_suggestion(suggestion_of(world.heavy), admin_user)
+    assert list(ResizeRequest.objects.all()) == [pending]
 
 
 def test_accepting_is_refused_when_the_vms_vgpus_changed_meanwhile(world, admin_user):

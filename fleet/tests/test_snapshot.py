@@ -3,8 +3,8 @@
 import pytest
 
 from fleet import services
+from fleet.queries import fleet_snapshot
 from fleet.tests.factories import GpuFactory, HostFactory, VirtualMachineFactory, profile
-from sizing.queries import fleet_snapshot
 
 
 @pytest.mark.django_db

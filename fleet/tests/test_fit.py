@@ -12,10 +12,10 @@ import dataclasses
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from fleet.fit import MOVE, NOWHERE, SAME_GPU, ImpactCalculator, resize_impact
 from fleet.placement import GpuState, HostState, PlacedVgpu, Rule, VmState, VmVgpu, check_placement
+from fleet.snapshot import FleetSnapshot
 from fleet.tests.test_placement import all_profile_names, model_spec, profile_spec
-from sizing.impact import MOVE, NOWHERE, SAME_GPU, ImpactCalculator, resize_impact
-from sizing.snapshot import FleetSnapshot
 
 
 class Fleet:
@@ -26,8 +26,10 @@ class Fleet:
         self.gpus: dict[int, GpuState] = {}
         self.vms: dict[int, VmState] = {}
 
-    def host(self, host_id: int, name: str, *, cpu_threads: int = 64, ram_gib: int = 512) -> Fleet:
-        self.hosts[host_id] = HostState(id=host_id, name=name, cpu_threads=cpu_threads, ram_gib=ram_gib)
+    def host(self, host_id: int, name: str, *, cpu_threads: int = 64, ram_gib: int = 512,
+             same_gpu: bool = False) -> Fleet:
+        self.hosts[host_id] = HostState(id=host_id, name=name, cpu_threads=cpu_threads, ram_gib=ram_gib,
+                                        multi_vgpu_same_gpu=same_gpu)
         return self
 
     def gpu(self, gpu_id: int, host_id: int, code: str = "RTX6000", *, size_mode: str = "equal") -> Fleet:
@@ -84,14 +86,26 @@ def test_a_12q_beside_another_12q_moves_to_an_empty_gpu_for_a_24q():
     assert result.detail == "Needs a move to GPU gpu3 (empty) on host a; takes 1 more GPU"
 
 
-def test_a_24q_shrinking_to_12q_joins_another_12q_and_frees_its_gpu():
+def test_a_24q_shrinking_to_12q_joins_another_12q_of_its_host_and_frees_its_gpu():
+    fleet = (Fleet().host(1, "a").gpu(1, 1).gpu(2, 1)
+             .place(10, 1, "RTX6000-24Q").place(11, 2, "RTX6000-12Q"))
+    result = impact(fleet, 10, "RTX6000-12Q")
+    assert (result.fits, result.gpu_ids, result.host_id, result.gpus_delta) == (MOVE, (2,), 1, -1)
+    assert result.fits_in_place  # it would fit where it is, but that frees nothing
+    assert result.detail == ("Fits on its GPU gpu1, but a move to GPU gpu2 (holds RTX6000-12Q vGPUs with a free "
+                             "slot) on host a frees 1 GPU")
+
+
+def test_a_vm_that_fits_on_its_host_is_not_moved_to_another_host_to_free_a_gpu():
+    # Joining the 12Q on host b would free GPU 1, but that is a migration to another host: the
+    # VM stays where it fits, and the admin is told what the move would free.
     fleet = (Fleet().host(1, "a").host(2, "b").gpu(1, 1).gpu(2, 2)
              .place(10, 1, "RTX6000-24Q").place(11, 2, "RTX6000-12Q"))
     result = impact(fleet, 10, "RTX6000-12Q")
-    assert (result.fits, result.gpu_ids, result.host_id, result.gpus_delta) == (MOVE, (2,), 2, -1)
-    assert result.fits_in_place  # it would fit where it is, but that frees nothing
-    assert result.detail == ("Fits on its GPU gpu1, but a move to GPU gpu2 (holds RTX6000-12Q vGPUs with a free "
-                             "slot) on host b frees 1 GPU")
+    assert (result.fits, result.gpu_ids, result.host_id, result.gpus_delta) == (SAME_GPU, (1,), 1, 0)
+    assert result.frees_by_moving == 1
+    assert result.detail == ("Fits on its GPU gpu1; a move to another host would free 1 more GPU (the optimizer "
+                             "can plan it)")
 
 
 def test_a_move_goes_to_the_fullest_gpu_in_use():
@@ -103,13 +117,24 @@ def test_a_move_goes_to_the_fullest_gpu_in_use():
     assert (result.fits, result.gpu_ids, result.gpus_delta) == (MOVE, (2,), -1)
 
 
+def test_a_move_stays_on_its_host_before_another_host_as_good():
+    # GPU 1 holds the VM's 12Q and another 12Q: a 24Q does not fit in place. GPU 2 of its own
+    # host and GPU 3 of host c are both empty: the move stays on its host (no migration).
+    fleet = (Fleet().host(1, "a").host(3, "c").gpu(1, 1).gpu(2, 1).gpu(3, 3)
+             .place(10, 1, "RTX6000-12Q").place(11, 1, "RTX6000-12Q"))
+    result = impact(fleet, 10, "RTX6000-24Q")
+    assert (result.fits, result.gpu_ids, result.host_id) == (MOVE, (2,), 1)
+
+
 def test_no_room_anywhere_says_so_and_why_not_in_place():
     fleet = (Fleet().host(1, "a").gpu(1, 1).gpu(2, 1)
              .place(10, 1, "RTX6000-12Q").place(11, 1, "RTX6000-12Q").place(12, 2, "RTX6000-24Q"))
     result = impact(fleet, 10, "RTX6000-24Q")
     assert (result.fits, result.gpu_ids, result.host_id, result.gpus_delta) == (NOWHERE, (), None, 0)
-    assert result.detail == "No GPU in the fleet has room for 1 x RTX6000-24Q"
+    assert result.detail == "No host has room for 1 x RTX6000-24Q"
     assert any("equal-size mode" in v for v in result.violations)
+    assert result.refusals == ("On a: RTX6000-24Q needs 24576 MiB; GPU gpu1 has 12288 MiB free of 24576 MiB; GPU gpu1 "
+                               "is in equal-size mode and holds 12288 MiB vGPUs; RTX6000-24Q has 24576 MiB.",)
 
 
 def test_a_host_without_vcpus_left_is_passed_over_for_one_with_room():
@@ -161,7 +186,7 @@ def test_a_quadro_multi_vgpu_vm_cannot_take_partial_profiles_anywhere():
              .place(10, 1, "RTX6000-24Q").place(10, 2, "RTX6000-24Q"))
     result = impact(fleet, 10, "RTX6000-12Q")
     assert result.fits == NOWHERE
-    assert result.detail == "No GPU in the fleet has room for 2 x RTX6000-12Q"
+    assert result.detail == "No host has room for 2 x RTX6000-12Q"
     assert any("may only use full-GPU profiles" in v for v in result.violations)
 
 
@@ -186,6 +211,39 @@ def test_the_calculator_answers_many_vms_like_single_calls():
             assert calculator.impact(vm_id, profile_spec(name)) == resize_impact(snapshot, vm_id, profile_spec(name))
 
 
+# Several vGPUs of one VM: a GPU of its own for each, unless the host allows sharing ----------
+
+
+def _l40s_host(gpus: int, *, same_gpu: bool = False) -> Fleet:
+    fleet = Fleet().host(1, "a", same_gpu=same_gpu)
+    for gpu_id in range(1, gpus + 1):
+        fleet.gpu(gpu_id, 1, "L40S")
+    return fleet.place(10, 1, "L40S-12Q")
+
+
+def test_two_and_four_vgpus_each_take_a_gpu_of_their_own():
+    assert impact(_l40s_host(2), 10, "L40S-12Q", vgpus=2).gpu_ids == (1, 2)
+    result = impact(_l40s_host(4), 10, "L40S-12Q", vgpus=4)
+    assert (result.fits, result.gpu_ids, result.gpus_delta) == (SAME_GPU, (1, 2, 3, 4), 3)
+
+
+def test_a_host_without_enough_distinct_gpus_refuses_and_says_why():
+    result = impact(_l40s_host(1), 10, "L40S-12Q", vgpus=2)
+    assert result.fits == NOWHERE
+    assert result.refusals == ("On a: 2 x L40S-12Q needs 2 GPUs with room, one for each vGPU of the VM; "
+                               "1 has room.",)
+    result = impact(_l40s_host(3), 10, "L40S-12Q", vgpus=4)
+    assert result.fits == NOWHERE
+    assert result.refusals == ("On a: 4 x L40S-12Q needs 4 GPUs with room, one for each vGPU of the VM; "
+                               "3 have room.",)
+
+
+def test_a_host_that_allows_sharing_stacks_only_what_distinct_gpus_cannot_take():
+    assert impact(_l40s_host(1, same_gpu=True), 10, "L40S-12Q", vgpus=2).gpu_ids == (1, 1)
+    assert impact(_l40s_host(3, same_gpu=True), 10, "L40S-12Q", vgpus=4).gpu_ids == (1, 2, 3, 1)
+    assert impact(_l40s_host(4, same_gpu=True), 10, "L40S-12Q", vgpus=4).gpu_ids == (1, 2, 3, 4)
+
+
 # Property: every plan it reports is one fleet.placement accepts ----------------------------
 
 PROFILE_NAMES = ("RTX6000-4Q", "RTX6000-6Q", "RTX6000-8Q", "RTX6000-12Q", "RTX6000-24Q",
@@ -199,7 +257,7 @@ def fleets(draw):
     fleet = Fleet()
     for host_id in range(1, draw(st.integers(2, 3)) + 1):
         fleet.host(host_id, f"h{host_id}", cpu_threads=draw(st.sampled_from([16, 32, 96])),
-                   ram_gib=draw(st.sampled_from([64, 128, 512])))
+                   ram_gib=draw(st.sampled_from([64, 128, 512])), same_gpu=draw(st.booleans()))
     for gpu_id in range(1, draw(st.integers(2, 6)) + 1):
         code = draw(st.sampled_from(["RTX6000", "L40S"]))
         size_mode = draw(st.sampled_from(["equal", "mixed"])) if code == "L40S" else "equal"
@@ -253,19 +311,30 @@ def test_every_reported_plan_passes_placement_and_counts_gpus_right(fleet, data)
             assert not any(check_placement(g, profile, vm, snapshot.hosts[g.host_id]).ok for g in emptied.values())
         return
 
-    assert len(result.gpu_ids) == len(set(result.gpu_ids)) == count
+    assert len(result.gpu_ids) == count
+    if not snapshot.hosts[result.host_id].multi_vgpu_same_gpu:
+        assert len(set(result.gpu_ids)) == count  # each vGPU of the VM on a GPU of its own
     assert {snapshot.gpus[g].host_id for g in result.gpu_ids} == {result.host_id}
     after = replay(snapshot, vm_id, profile, result.gpu_ids)
     assert result.gpus_delta == sum(1 for g in after.values() if g.vgpus) - snapshot.gpus_in_use()
     own = list(dict.fromkeys(v.gpu_id for v in snapshot.vms[vm_id].vgpus))
+    home = snapshot.gpus[own[0]].host_id
     if result.fits == SAME_GPU:
         assert list(result.gpu_ids[:len(own)]) == own[:count]
     if count == 1:
-        # One vGPU: the search is exhaustive, so no GPU of the fleet frees more.
+        # One vGPU, searched exhaustively: on its own host when a GPU there takes it (the fewest
+        # GPUs in use, its own GPU on a tie), else on the host whose GPU adds the fewest.
         emptied = replay(snapshot, vm_id, profile, ())
         vm = dataclasses.replace(snapshot.vms[vm_id], vgpus=())
-        best = min(
-            sum(1 for g in replay(snapshot, vm_id, profile, (gpu.id,)).values() if g.vgpus)
-            for gpu in emptied.values() if check_placement(gpu, profile, vm, snapshot.hosts[gpu.host_id]).ok
-        )
+        takers = [gpu for gpu in emptied.values() if check_placement(gpu, profile, vm, snapshot.hosts[gpu.host_id]).ok]
+
+        def in_use_after(gpu) -> int:
+            return sum(1 for g in replay(snapshot, vm_id, profile, (gpu.id,)).values() if g.vgpus)
+
+        mine = [gpu for gpu in takers if gpu.host_id == home]
+        best = min(in_use_after(gpu) for gpu in (mine or takers))
         assert result.gpus_delta == best - snapshot.gpus_in_use()
+        if mine:
+            assert result.host_id == home
+            if any(gpu.id == own[0] and in_use_after(gpu) == best for gpu in mine):
+                assert result.fits == SAME_GPU

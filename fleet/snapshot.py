@@ -1,9 +1,10 @@
-"""The fleet as plain data, for the sizing code that reasons about many placements at once.
+"""The fleet as plain data, for the code that reasons about many placements at once.
 
 `FleetSnapshot` holds every host, GPU, VM and profile as `fleet.placement` dataclasses, so the
-right-sizing impact, the density planner and the optimizer ask the same rules the inventory
+answer to "where does this resize fit" (`fleet.fit`, asked by the request queue, the API and
+approval), the right-sizing suggestions and the optimizer ask the same rules the inventory
 services ask (`placement.check_placement`) without touching the database.
-`sizing.queries.fleet_snapshot()` builds one from the database in a fixed number of queries.
+`fleet.queries.fleet_snapshot()` builds one from the database in a fixed number of queries.
 """
 
 from __future__ import annotations
