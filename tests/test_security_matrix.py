@@ -210,6 +210,7 @@ ROWS = [
                MULTIPART_CONTENT),  # a form, as the confirm step posts it
         name="requests/{pk}/approve/"),
     Row("requests/{pk}/review/", lambda w: f"/requests/{w.request.pk}/review/", PAGE_ADMINS),
+    Row("requests/{pk}/room/", lambda w: f"/requests/{w.request.pk}/room/", PAGE_ADMINS),
     Row("requests/{pk}/{verb}/", lambda w: f"/requests/{w.request.pk}/cancel/", POST_ONLY,
         Unsafe("post", (LOGIN, "/me/", 403, "/requests/", LOGIN, LOGIN), lambda w: {}),
         name="requests/{pk}/cancel/"),

@@ -9,7 +9,7 @@ from fleet import request_preview, services
 from fleet.choices import ResizeStatus
 from fleet.models import Notification, ResizeRequest, Vgpu
 from fleet.tests.factories import GpuFactory, VirtualMachineFactory, profile
-from sizing.models import SuggestionAction
+from sizing.models import OptimizerRun, SuggestionAction
 from sizing.suggestions import accept_suggestion
 from sizing.tests.suggestion_world import suggest
 
@@ -131,7 +131,35 @@ def test_queue_shows_conflicts_and_where_nothing_fits(fleet_world, admin_user):
     assert f"Request #{request.pk} could not be approved: No GPU has room for 1 x RTX6000-24Q for ws-ana" in page
     row = _row(page, request.pk)
     assert 'data-fit="nowhere"' in row
+    assert "Fits nowhere" not in row
     assert "Last approval failed: No GPU has room" in row
+    assert f'hx-get="/requests/{request.pk}/room/"' in row, "whether moving others helps loads on its own"
+
+
+def test_a_request_that_fits_if_another_vm_moves_says_so_with_the_plan_one_click_away(fleet_world, admin_user):
+    """Ana's 12Q shares host-a's GPU with a filler; host-b's GPU has a free 12Q slot: 24Q for Ana
+    fits nowhere as the fleet stands, and on host-a's GPU once the filler moves to host-b."""
+    request = ResizeRequest.objects.create(vm=fleet_world.vm_a, requested_profile=profile("RTX6000-24Q"), reason="x")
+    services.place_vgpu(VirtualMachineFactory(name="ws-filler"), fleet_world.gpu_a, fleet_world.profile_12q)
+    admin = _client(admin_user)
+    fragment = admin.get(f"/requests/{request.pk}/room/").content.decode()
+    assert 'data-room="1"' in fragment
+    assert re.sub(r"\s+", " ", re.sub(r"<[^>]+>", "", fragment)).strip().startswith(
+        "Fits only if 1 other VM moves: ws-filler.")
+    assert 'action="/sizing/optimizer/"' in fragment
+    assert 'name="include_requests" value="on"' in fragment
+    start = admin.post("/sizing/optimizer/", {"include_requests": "on"})
+    assert start.status_code == 302
+    run = OptimizerRun.objects.get()
+    assert [c["vm_id"] for c in run.params["changes"]] == [fleet_world.vm_a.pk]
+
+
+def test_a_request_that_fits_nowhere_even_by_moving_says_why(fleet_world, admin_user):
+    request = ResizeRequest.objects.create(vm=fleet_world.vm_a, requested_profile=profile("RTX6000-24Q"),
+                                           requested_vgpus=4, reason="x")
+    fragment = _client(admin_user).get(f"/requests/{request.pk}/room/").content.decode()
+    assert 'data-room="none"' in fragment
+    assert "Not even by moving other VMs:" in fragment
 
 
 def test_queue_shows_the_suggestion_evidence(fleet_world, admin_user):

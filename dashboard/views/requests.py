@@ -24,6 +24,7 @@ from fleet import requests as service
 from fleet.choices import ResizeStatus
 from fleet.models import Notification, ResizeRequest, VgpuProfile, VirtualMachine
 from fleet.services import FleetConflict
+from sizing import room
 
 BAD_WINDOW = "Enter the wished window as a date and time, e.g. 2026-12-01 09:00."
 NO_PROFILE = "Choose a target profile of the VM's GPU model."
@@ -81,6 +82,19 @@ def request_review(request, pk: int):
     return render(request, "fleet/request_review.html", {
         "r": obj, "preview": request_preview.preview(obj), "comment": request.GET.get("comment", "")[:1000],
     })
+
+
+@login_required
+def request_room(request, pk: int):
+    """The queue's lazy fragment for a request that fits nowhere as the fleet stands: whether
+    it fits if other VMs move (how many, which), with the optimizer run one click away."""
+    if not is_fleet_admin(request.user):
+        raise PermissionDenied
+    obj = get_object_or_404(ResizeRequest, pk=pk)
+    answer = None
+    if obj.status == ResizeStatus.PENDING:
+        answer = room.room_for(obj.vm_id, obj.requested_profile_id, obj.requested_vgpus)
+    return render(request, "fleet/partials/request_room.html", {"r": obj, "room": answer})
 
 
 def _confirmed(request, obj: ResizeRequest) -> str:
