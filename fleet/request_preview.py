@@ -42,7 +42,7 @@ class VmChange:
 
     vm_id: int
     vm: str
-    before: str  # e.g. "1 x RTX6000-12Q"
+    before: str  # e.g. "1 × RTX6000-12Q"
     after: str
     from_places: tuple[Place, ...]
     to_places: tuple[Place, ...]
@@ -96,8 +96,8 @@ def preview(request: ResizeRequest) -> Preview:
     """What approving `request` would do now, with the fingerprint its confirmation must carry."""
     held = list(Vgpu.objects.filter(vm_id=request.vm_id).select_related("gpu__host", "profile").order_by("pk"))
     from_places = tuple(dict.fromkeys(Place(v.gpu.host.name, v.gpu.label) for v in held))
-    before = f"{len(held)} x {held[0].profile.name}" if held else "no vGPU"
-    after = resize_requests.describe(request)
+    before = f"{len(held)} × {held[0].profile.name}" if held else "no vGPU"
+    after = f"{request.requested_vgpus} × {request.requested_profile.name}"
     if request.status != ResizeStatus.PENDING:
         refusal, where, to_places = f"The request is {request.get_status_display().lower()} already.", "", ()
     else:

@@ -229,7 +229,7 @@ def test_approving_shows_the_move_and_the_shutdown_first(fleet_world, admin_user
     assert cells[0] == "ws-ana"
     assert cells[1] == "host-a 00000000:3B:00.0"
     assert cells[3] == "host-b 00000000:5E:00.0"
-    assert cells[4] == "1 x RTX6000-12Q → 1 x RTX6000-24Q"
+    assert cells[4] == "1 × RTX6000-12Q → 1 × RTX6000-24Q"
     assert cells[5] == "Yes: its vGPUs move to another host"
     assert "Shut down ws-ana before you confirm" in review
     held = [v.gpu_id for v in Vgpu.objects.filter(vm=fleet_world.vm_a)]
