@@ -33,6 +33,8 @@ fleet_patterns = [
     path("artists/<int:pk>/", details.artist_detail, name="artist-detail"),
     # --- resize requests ---
     path("requests/", requests.request_list, name="requests"),
+    path("requests/<int:pk>/review/", requests.request_review, name="request-review"),
+    path("requests/<int:pk>/room/", requests.request_room, name="request-room"),
     path("requests/<int:pk>/<str:verb>/", requests.request_decide, name="request-decide"),
     path("me/vms/<int:vm_pk>/request/", requests.request_file, name="request-file"),
     path("notifications/", requests.notification_list, name="notifications"),

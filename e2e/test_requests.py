@@ -1,5 +1,6 @@
 """Resize requests in a real browser: an artist files one on /me/, an admin sees it counted in
-the navigation and approves it on /requests/, and the artist sees the new profile, the
+the navigation and approves it on /requests/ through the confirm step (what moves, what
+must be shut down), and the artist sees the new profile, the
 request applied and the notification (counted on the bell until opened)."""
 
 from __future__ import annotations
@@ -53,8 +54,23 @@ def test_artist_files_admin_approves_artist_sees_it(page, demo_world, tmp_path):
     assert target.name in row.inner_text()
     assert row.locator("[data-evidence]").count() == 1
     page.screenshot(path=str(out / "requests.png"), full_page=True)
-    row.locator("input[name=comment]").fill("go ahead")
-    row.locator("button", has_text="Approve").click()
+    row.locator("[data-action=review]").click()
+    page.wait_for_url(f"**/requests/{request.pk}/review/")
+    held = sorted(Vgpu.objects.filter(vm=vm).values_list("gpu_id", "profile_id"))
+    change = page.locator(f"[data-table=changes] tr[data-vm='{vm.pk}']")
+    assert vm.name in change.inner_text()
+    assert target.name in change.inner_text()
+    assert change.locator("[data-shutdown=yes]").count() == 1
+    assert f"Shut down {vm.name} before you confirm" in page.locator("[data-shutdowns]").inner_text()
+    confirm = page.locator("[data-form=confirm]")
+    confirm.locator("input[name=comment]").fill("go ahead")
+    page.screenshot(path=str(out / "request-approve-confirm.png"), full_page=True)
+    # The browser will not send the form before the box is ticked, and nothing changed yet.
+    confirm.locator("button[type=submit]").click()
+    assert page.url.endswith(f"/requests/{request.pk}/review/")
+    assert sorted(Vgpu.objects.filter(vm=vm).values_list("gpu_id", "profile_id")) == held
+    confirm.locator("input[name=confirm]").check()
+    confirm.locator("button[type=submit]").click()
     page.wait_for_load_state()
     assert f"Request #{request.pk} for {vm.name}" in page.locator("ul.messages").inner_text()
     assert "approved and applied" in page.locator("ul.messages").inner_text()

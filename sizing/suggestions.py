@@ -19,6 +19,7 @@ re-checks placement and applies it); nothing here changes a VM's vGPUs.
 from __future__ import annotations
 
 import logging
+import threading
 from collections import Counter
 from collections.abc import Iterable, Iterator
 from datetime import datetime, timedelta
@@ -190,6 +191,67 @@ def refresh_suggestions(now: datetime | None = None, vm_ids: Iterable[int] | Non
         removed, _ = scope.exclude(vm_id__in=Vgpu.objects.values("vm_id")).delete()
     counts["removed"] = removed
     return dict(counts)
+
+
+# After a VM's vGPUs change -----------------------------------------------------------------
+
+#: VM ids whose vGPUs were written in this thread since the last flush (`vgpus_written`).
+_written = threading.local()
+_CHUNK = 500
+
+
+def outdated(vm_ids: Iterable[int]) -> list[int]:
+    """The VMs among `vm_ids` whose suggestion was computed on other vGPUs than they hold now
+    (another profile or count, or none any more): their advice and figures quote the old size."""
+    wanted = sorted(set(vm_ids))
+    stale = []
+    for start in range(0, len(wanted), _CHUNK):
+        chunk = wanted[start:start + _CHUNK]
+        held: dict[int, list[int]] = {}
+        for vm_id, profile_id in Vgpu.objects.filter(vm_id__in=chunk).values_list("vm_id", "profile_id"):
+            held.setdefault(vm_id, []).append(profile_id)
+        for vm_id, profile_id, evidence in Suggestion.objects.filter(vm_id__in=chunk).values_list(
+                "vm_id", "current_profile_id", "evidence"):
+            profiles = held.get(vm_id, [])
+            count = evidence.get("vgpus") if isinstance(evidence, dict) else None
+            if profile_id not in profiles or (count is not None and count != len(profiles)):
+                stale.append(vm_id)
+    return stale
+
+
+def refresh_outdated(vm_ids: Iterable[int]) -> int:
+    """Recompute at once the suggestions of `vm_ids` that quote vGPUs the VM no longer holds,
+    so the VM's page, the artist's page and the lists show the new size right after an approval
+    or an applied plan rather than at the next hourly refresh; returns how many were outdated.
+    A suggestion that cannot be recomputed is deleted: no advice beats advice about the old size."""
+    stale = outdated(vm_ids)
+    if not stale:
+        return 0
+    try:
+        refresh_suggestions(vm_ids=stale)
+    except Exception:  # noqa: BLE001 - the change is committed; stale advice must still go
+        logger.exception("could not recompute the suggestions of VMs %s after their vGPUs changed", stale)
+    left = outdated(stale)
+    if left:
+        Suggestion.objects.filter(vm_id__in=left).delete()
+    return len(stale)
+
+
+def _flush_written() -> None:
+    vm_ids = getattr(_written, "vm_ids", None)
+    if vm_ids:
+        _written.vm_ids = set()
+        refresh_outdated(vm_ids)
+
+
+def vgpus_written(sender, instance, **kwargs) -> None:
+    """post_save / post_delete of a `Vgpu`: once the transaction commits, the suggestions of the
+    VMs whose vGPUs changed are brought up to date (`refresh_outdated`). A rolled-back change
+    leaves its VM in the set, where the next flush finds its suggestion still current."""
+    if not hasattr(_written, "vm_ids"):
+        _written.vm_ids = set()
+    _written.vm_ids.add(instance.vm_id)
+    transaction.on_commit(_flush_written)
 
 
 # Accept, dismiss, restore ------------------------------------------------------------------

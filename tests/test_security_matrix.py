@@ -31,6 +31,7 @@ from django.contrib import admin
 from django.contrib.contenttypes.models import ContentType
 from django.db import transaction
 from django.test import Client, RequestFactory
+from django.test.client import MULTIPART_CONTENT
 from django.urls import URLPattern, URLResolver, get_resolver
 from django.utils import timezone
 
@@ -38,6 +39,7 @@ from fleet import requests as request_service
 from fleet import services
 from fleet.api_tokens import issue_token
 from fleet.models import AuditEvent, Notification
+from fleet.request_preview import preview
 from fleet.tests.factories import ArtistFactory, GpuFactory, UserFactory, VirtualMachineFactory, profile
 from sizing import optimizer_runs, tasks
 from sizing.models import Suggestion, SuggestionAction, WorkflowPreset
@@ -203,7 +205,12 @@ ROWS = [
     Row("artists/{pk}/", lambda w: f"/artists/{w.ana.pk}/", PAGE_OWN),
     Row("requests/", lambda w: "/requests/", PAGE_ADMINS),
     Row("requests/{pk}/{verb}/", lambda w: f"/requests/{w.request.pk}/approve/", POST_ONLY,
-        Unsafe("post", _staff_form("/requests/"), lambda w: {"comment": "ok"}), name="requests/{pk}/approve/"),
+        Unsafe("post", _staff_form("/requests/"), lambda w: {"comment": "ok", "confirm": "on",
+                                                            "fingerprint": preview(w.request).fingerprint},
+               MULTIPART_CONTENT),  # a form, as the confirm step posts it
+        name="requests/{pk}/approve/"),
+    Row("requests/{pk}/review/", lambda w: f"/requests/{w.request.pk}/review/", PAGE_ADMINS),
+    Row("requests/{pk}/room/", lambda w: f"/requests/{w.request.pk}/room/", PAGE_ADMINS),
     Row("requests/{pk}/{verb}/", lambda w: f"/requests/{w.request.pk}/cancel/", POST_ONLY,
         Unsafe("post", (LOGIN, "/me/", 403, "/requests/", LOGIN, LOGIN), lambda w: {}),
         name="requests/{pk}/cancel/"),

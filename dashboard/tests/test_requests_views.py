@@ -5,11 +5,11 @@ import re
 
 from django.test import Client
 
-from fleet import services
+from fleet import request_preview, services
 from fleet.choices import ResizeStatus
 from fleet.models import Notification, ResizeRequest, Vgpu
 from fleet.tests.factories import GpuFactory, VirtualMachineFactory, profile
-from sizing.models import SuggestionAction
+from sizing.models import OptimizerRun, SuggestionAction
 from sizing.suggestions import accept_suggestion
 from sizing.tests.suggestion_world import suggest
 
@@ -24,6 +24,15 @@ def _row(html: str, pk: int) -> str:
     match = re.search(rf'<tr data-request="{pk}">(.*?)</tr>', html, re.S)
     assert match, f"no row for request #{pk}"
     return match.group(1)
+
+
+def _approve(admin, request, comment: str = "", **extra):
+    """Approve through the confirm step, as the admin does: open it, tick, post its fingerprint."""
+    page = admin.get(f"/requests/{request.pk}/review/").content.decode()
+    match = re.search(r'name="fingerprint" value="(\w+)"', page)
+    fingerprint = match.group(1) if match else ""
+    return admin.post(f"/requests/{request.pk}/approve/",
+                      {"comment": comment, "confirm": "on", "fingerprint": fingerprint, **extra}, follow=True)
 
 
 def test_artist_files_on_me_and_admin_approves_on_queue(fleet_world, admin_user):
@@ -42,7 +51,7 @@ def test_artist_files_on_me_and_admin_approves_on_queue(fleet_world, admin_user)
     assert "RTX6000-24Q" in row
     assert "same gpu: " in row
     assert "wished 2026-12-01 09:00 – 2026-12-05 18:00" in row
-    done = admin.post(f"/requests/{request.pk}/approve/", {"comment": "enjoy"}, follow=True).content.decode()
+    done = _approve(admin, request, "enjoy").content.decode()
     assert done.count(f"Request #{request.pk} for ws-ana (1 x RTX6000-24Q) approved and applied.") == 1
     request.refresh_from_db()
     assert request.status == ResizeStatus.APPROVED
@@ -113,11 +122,44 @@ def test_queue_shows_conflicts_and_where_nothing_fits(fleet_world, admin_user):
     request = ResizeRequest.objects.create(vm=fleet_world.vm_a, requested_profile=profile("RTX6000-24Q"), reason="x")
     services.place_vgpu(VirtualMachineFactory(name="ws-filler"), fleet_world.gpu_a, fleet_world.profile_12q)
     admin = _client(admin_user)
-    page = admin.post(f"/requests/{request.pk}/approve/", {}, follow=True).content.decode()
+    review = admin.get(f"/requests/{request.pk}/review/").content.decode()
+    assert "Cannot be approved now: No GPU has room" in review
+    assert 'name="confirm"' not in review
+    page = admin.post(f"/requests/{request.pk}/approve/",
+                      {"confirm": "on", "fingerprint": request_preview.preview(request).fingerprint},
+                      follow=True).content.decode()
     assert f"Request #{request.pk} could not be approved: No GPU has room for 1 x RTX6000-24Q for ws-ana" in page
     row = _row(page, request.pk)
     assert 'data-fit="nowhere"' in row
+    assert "Fits nowhere" not in row
     assert "Last approval failed: No GPU has room" in row
+    assert f'hx-get="/requests/{request.pk}/room/"' in row, "whether moving others helps loads on its own"
+
+
+def test_a_request_that_fits_if_another_vm_moves_says_so_with_the_plan_one_click_away(fleet_world, admin_user):
+    """Ana's 12Q shares host-a's GPU with a filler; host-b's GPU has a free 12Q slot: 24Q for Ana
+    fits nowhere as the fleet stands, and on host-a's GPU once the filler moves to host-b."""
+    request = ResizeRequest.objects.create(vm=fleet_world.vm_a, requested_profile=profile("RTX6000-24Q"), reason="x")
+    services.place_vgpu(VirtualMachineFactory(name="ws-filler"), fleet_world.gpu_a, fleet_world.profile_12q)
+    admin = _client(admin_user)
+    fragment = admin.get(f"/requests/{request.pk}/room/").content.decode()
+    assert 'data-room="1"' in fragment
+    assert re.sub(r"\s+", " ", re.sub(r"<[^>]+>", "", fragment)).strip().startswith(
+        "Fits only if 1 other VM moves: ws-filler.")
+    assert 'action="/sizing/optimizer/"' in fragment
+    assert 'name="include_requests" value="on"' in fragment
+    start = admin.post("/sizing/optimizer/", {"include_requests": "on"})
+    assert start.status_code == 302
+    run = OptimizerRun.objects.get()
+    assert [c["vm_id"] for c in run.params["changes"]] == [fleet_world.vm_a.pk]
+
+
+def test_a_request_that_fits_nowhere_even_by_moving_says_why(fleet_world, admin_user):
+    request = ResizeRequest.objects.create(vm=fleet_world.vm_a, requested_profile=profile("RTX6000-24Q"),
+                                           requested_vgpus=4, reason="x")
+    fragment = _client(admin_user).get(f"/requests/{request.pk}/room/").content.decode()
+    assert 'data-room="none"' in fragment
+    assert "Not even by moving other VMs:" in fragment
 
 
 def test_queue_shows_the_suggestion_evidence(fleet_world, admin_user):
@@ -160,3 +202,85 @@ def test_artist_cannot_open_queue_or_decide(fleet_world, admin_user):
     assert ana.post(f"/requests/{bob_request.pk}/approve/").status_code == 403
     assert ana.post(f"/me/vms/{fleet_world.vm_b.pk}/request/",
                     {"requested_profile": profile("RTX6000-24Q").pk, "reason": "x"}).status_code == 403
+
+
+# The confirm step ---------------------------------------------------------------------------
+
+
+def _grow_across_hosts(fleet_world):
+    """Ana's 12Q shares host-a's only GPU with a filler, so 24Q fits only on host-b's free GPU."""
+    services.place_vgpu(VirtualMachineFactory(name="ws-filler"), fleet_world.gpu_a, fleet_world.profile_12q)
+    free = GpuFactory(host=fleet_world.host_b, pci_bus_id="00000000:5E:00.0")
+    request = ResizeRequest.objects.create(vm=fleet_world.vm_a, requested_profile=profile("RTX6000-24Q"),
+                                           current_profile=fleet_world.profile_12q, current_vgpus=1, reason="x")
+    return request, free
+
+
+def test_approving_shows_the_move_and_the_shutdown_first(fleet_world, admin_user):
+    request, _ = _grow_across_hosts(fleet_world)
+    admin = _client(admin_user)
+    queue = admin.get("/requests/").content.decode()
+    assert f'href="/requests/{request.pk}/review/"' in _row(queue, request.pk)
+
+    review = admin.get(f"/requests/{request.pk}/review/").content.decode()
+    row = re.search(rf'<tr data-vm="{fleet_world.vm_a.pk}">(.*?)</tr>', review, re.S).group(1)
+    cells = [re.sub(r"\s+", " ", re.sub(r"<[^>]+>", "", cell)).strip()
+             for cell in re.findall(r"<td[^>]*>(.*?)</td>", row, re.S)]
+    assert cells[0] == "ws-ana"
+    assert cells[1] == "host-a 00000000:3B:00.0"
+    assert cells[3] == "host-b 00000000:5E:00.0"
+    assert cells[4] == "1 × RTX6000-12Q → 1 × RTX6000-24Q"
+    assert cells[5] == "Yes: its vGPUs move to another host"
+    assert "Shut down ws-ana before you confirm" in review
+    held = [v.gpu_id for v in Vgpu.objects.filter(vm=fleet_world.vm_a)]
+    assert held == [fleet_world.gpu_a.pk], "opening the confirm step changes nothing"
+
+
+def test_an_approval_without_the_confirmation_changes_nothing(fleet_world, admin_user):
+    request, _ = _grow_across_hosts(fleet_world)
+    admin = _client(admin_user)
+    fingerprint = request_preview.preview(request).fingerprint
+    for body in ({}, {"comment": "go"}, {"fingerprint": fingerprint}, {"confirm": "on"}):
+        response = admin.post(f"/requests/{request.pk}/approve/", body, follow=True)
+        assert response.redirect_chain[-1][0] == f"/requests/{request.pk}/review/"
+        assert f"Request #{request.pk} was not approved: {request_preview.NOT_CONFIRMED}" in response.content.decode()
+    request.refresh_from_db()
+    assert request.status == ResizeStatus.PENDING
+    assert [v.gpu_id for v in Vgpu.objects.filter(vm=fleet_world.vm_a)] == [fleet_world.gpu_a.pk]
+
+
+def test_a_confirmation_of_a_fleet_that_changed_since_is_refused(fleet_world, admin_user):
+    request, free = _grow_across_hosts(fleet_world)
+    admin = _client(admin_user)
+    fingerprint = request_preview.preview(request).fingerprint
+    services.place_vgpu(VirtualMachineFactory(name="ws-late"), free, profile("RTX6000-12Q"))  # takes half the target
+    response = admin.post(f"/requests/{request.pk}/approve/", {"confirm": "on", "fingerprint": fingerprint},
+                          follow=True)
+    page = response.content.decode()
+    assert "The fleet changed since you reviewed this approval" in page
+    assert response.redirect_chain[-1][0] == f"/requests/{request.pk}/review/"
+    request.refresh_from_db()
+    assert request.status == ResizeStatus.PENDING
+    assert [v.gpu_id for v in Vgpu.objects.filter(vm=fleet_world.vm_a)] == [fleet_world.gpu_a.pk]
+
+
+def test_after_an_approval_the_vm_and_artist_pages_show_the_new_profile(fleet_world, admin_user,
+                                                                       django_capture_on_commit_callbacks):
+    """The VM had right-sizing advice computed on its 12Q ("upsize 12Q -> 24Q, 11.2 of 12 GiB");
+    once the 24Q is approved, neither page quotes the 12Q any more."""
+    suggest(fleet_world.vm_a)
+    request = ResizeRequest.objects.create(vm=fleet_world.vm_a, requested_profile=profile("RTX6000-24Q"),
+                                           current_profile=fleet_world.profile_12q, current_vgpus=1, reason="x")
+    admin, ana = _client(admin_user), _client(fleet_world.ana.user)
+    assert "11.2 of 12 GiB" in _text_of(ana.get("/me/"))
+    with django_capture_on_commit_callbacks(execute=True):
+        _approve(admin, request)
+    for page in (ana.get(f"/vms/{fleet_world.vm_a.pk}/"), ana.get("/me/")):
+        text = _text_of(page)
+        assert "RTX6000-24Q" in text
+        assert "RTX6000-12Q" not in re.sub(r"<option[^>]*>.*?</option>", "", text), "only the form offers it"
+        assert "of 12 GiB" not in text
+
+
+def _text_of(response) -> str:
+    return response.content.decode()

@@ -51,6 +51,11 @@ def finished(user) -> OptimizerRun:
     return OptimizerRun.objects.get(pk=run.pk)
 
 
+def confirmed(run) -> dict:
+    """What the run page's apply form posts: the ticked confirmation and the plan's fingerprint."""
+    return {"confirm": "on", "fingerprint": run.fleet_fingerprint}
+
+
 def flash(response) -> list[str]:
     return [str(m) for m in get_messages(response.wsgi_request)]
 
@@ -152,7 +157,7 @@ def test_a_second_start_shows_the_run_in_progress(staff, admin_user, queued):
     response = staff.post(PAGE, {})
     assert response["Location"] == run_url(first)
     assert OptimizerRun.objects.count() == 1
-    assert any("is queued" in m for m in flash(response))
+    assert flash(response) == [f"No new run was started: run #{first.pk} had not finished. Its progress is below."]
     page = staff.get(PAGE).content.decode()
     button = one(page, type="submit", class_="primary")
     assert "disabled" in dict(button.attributes)
@@ -202,6 +207,9 @@ def test_a_finished_plan_stops_polling_and_shows_the_diff(staff, admin_user, que
     form = one(partial, action=apply_url(run))
     assert find(str(form), name="csrfmiddlewaretoken")
     assert find(str(form), name="confirm", required=True)
+    assert attr(find(str(form), name="fingerprint")[0], "value") == run.fleet_fingerprint
+    assert text(one(str(one(partial, data_vm=str(moved))), data_shutdown="yes")) == "Yes"
+    assert text(one(partial, data_shutdowns=True)) == f"Shut down before you apply: {row.split()[0]}."
 
 
 def test_apply_is_disabled_with_the_reason_once_the_fleet_changed(staff, admin_user, queued):
@@ -214,6 +222,28 @@ def test_apply_is_disabled_with_the_reason_once_the_fleet_changed(staff, admin_u
     assert not find(page, action=apply_url(run))
     assert text(one(page, data_blocked=True)) == optimizer_runs.FLEET_CHANGED
     assert "disabled" in dict(one(page, type="button", class_="primary").attributes)
+
+
+def test_a_finished_run_clears_its_queued_banner(staff, admin_user, queued):
+    """Started, then finished before the admin looks: the page says done, with no "queued" or
+    "running" left in a message or the header, and its body no longer polls."""
+    fragmented_fleet()
+    response = staff.post(PAGE, {})
+    run = OptimizerRun.objects.get()
+    assert flash(response) == []
+    tasks.run_optimizer(run.pk)
+
+    page = staff.get(response["Location"]).content.decode()
+
+    body = one(page, id="optimizer-run")
+    assert attr(body, "data-status") == "done"
+    assert "hx-trigger" not in dict(body.attributes)
+    assert not find(page, class_="message")
+    outside_body = page.split('id="optimizer-run"')[0]
+    assert "queued" not in outside_body.lower().split("<main")[-1]
+    assert "running" not in outside_body.lower().split("<main")[-1]
+    partial = staff.get(run_url(run), headers=HTMX).content.decode()
+    assert "hx-trigger" not in dict(one(partial, id="optimizer-run").attributes)
 
 
 def test_a_failed_run_shows_its_error(staff, admin_user):
@@ -235,9 +265,12 @@ def test_apply_needs_the_confirmation(staff, admin_user, queued):
     fragmented_fleet()
     run = finished(admin_user)
     before = placements()
-    response = staff.post(apply_url(run), {})
-    assert response["Location"] == run_url(run)
-    assert flash(response) == ["Tick the confirmation to apply the plan."]
+    for body in ({}, {"fingerprint": run.fleet_fingerprint}, {"confirm": "on"}):
+        response = staff.post(apply_url(run), body)
+        assert response["Location"] == run_url(run)
+        assert flash(response)[-1] == "Tick the confirmation to apply the plan."
+    response = staff.post(apply_url(run), {"confirm": "on", "fingerprint": "an-older-plan"})
+    assert flash(response)[-1] == f"Not applied: {optimizer_runs.FLEET_CHANGED}"
     assert placements() == before
     assert OptimizerRun.objects.get(pk=run.pk).status == OptimizerStatus.DONE
 
@@ -245,7 +278,7 @@ def test_apply_needs_the_confirmation(staff, admin_user, queued):
 def test_apply_moves_the_vms_and_says_so(staff, admin_user, queued):
     world = fleet_with_request(admin_user)
     run = finished(admin_user)
-    response = staff.post(apply_url(run), {"confirm": "on"})
+    response = staff.post(apply_url(run), confirmed(run))
     assert response["Location"] == run_url(run)
     assert [m["vm_name"] for m in run.result["plan"]["moves"]] == ["ws-anim-c"], "the 12Q joins a half-full GPU"
     assert flash(response) == ["Plan applied: 1 VM re-placed, 1 resize request approved."]
@@ -262,7 +295,7 @@ def test_apply_refused_by_a_changed_fleet_says_why(staff, admin_user, queued):
     run = finished(admin_user)
     services.place_vgpu(VirtualMachineFactory(), GpuFactory(host=world.host), profile("RTX6000-24Q"))
     before = placements()
-    response = staff.post(apply_url(run), {"confirm": "on"})
+    response = staff.post(apply_url(run), confirmed(run))
     assert flash(response) == [f"Not applied: {optimizer_runs.FLEET_CHANGED}"]
     assert placements() == before
     assert staff.get(apply_url(run)).status_code == 405

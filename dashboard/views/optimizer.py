@@ -36,9 +36,14 @@ class StartRunForm(forms.Form):
 
 
 class ApplyForm(forms.Form):
+    """The confirmation of the plan shown, with the fingerprint of the fleet it was computed on."""
+
     confirm = forms.BooleanField(
         required=True, label="I understand that the moved VMs must be shut down and started on their new GPUs",
         error_messages={"required": "Tick the confirmation to apply the plan."},
+    )
+    fingerprint = forms.CharField(
+        max_length=64, error_messages={"required": "Tick the confirmation to apply the plan."},
     )
 
 
@@ -53,13 +58,15 @@ def optimizer(request):
                 include_suggestions=form.cleaned_data["include_suggestions"],
             )
         except optimizer_runs.RunInProgress as exc:
-            messages.info(request, f"{exc} Its progress is below.")
+            # Worded for after the fact: the message stays on the page while the run below finishes.
+            messages.info(request,
+                          f"No new run was started: run #{exc.run.pk} had not finished. Its progress is below.")
             return redirect("sizing:optimizer-run", pk=exc.run.pk)
         if run.status == OptimizerStatus.FAILED:
             # The run's page says why (its error); the message only says that it did not start.
             messages.error(request, f"Optimizer run #{run.pk} was not queued; the reason is below.")
             return redirect("sizing:optimizer-run", pk=run.pk)
-        messages.success(request, f"Optimizer run #{run.pk} queued.")
+        # No "queued" message: it would outlive the state it names; the run's body says where it is.
         return redirect("sizing:optimizer-run", pk=run.pk)
     context = {
         "form": form,
@@ -98,7 +105,10 @@ def apply_plan(request, pk: int):
     run = get_object_or_404(OptimizerRun, pk=pk)
     form = ApplyForm(request.POST)
     if not form.is_valid():
-        messages.error(request, form.errors["confirm"][0])
+        messages.error(request, next(iter(form.errors.values()))[0])
+        return redirect("sizing:optimizer-run", pk=run.pk)
+    if form.cleaned_data["fingerprint"] != run.fleet_fingerprint:
+        messages.error(request, f"Not applied: {optimizer_runs.FLEET_CHANGED}")
         return redirect("sizing:optimizer-run", pk=run.pk)
     try:
         outcome = optimizer_runs.apply_run(run, request.user)
@@ -167,6 +177,8 @@ def describe_plan(run: OptimizerRun) -> dict | None:
             "resized": (move["from_profile_id"] != move["to_profile_id"]
                         or len(move["from_gpu_ids"]) != len(move["to_gpu_ids"])),
             "reason": describe_source(move["reason"]),
+            # Every move stops the VM: a vGPU is created or removed only while its VM is powered off.
+            "shutdown": True,
         })
     unplaced = [
         {"vm": vm_name.get(str(vm_id), f"VM {vm_id}"), "reason": reason}
@@ -193,6 +205,7 @@ def describe_plan(run: OptimizerRun) -> dict | None:
         "unplaced": unplaced,
         "changes": changes,
         "superseded": superseded,
+        "shutdowns": [move["vm"] for move in moves if move["shutdown"]],
         "gpus_saved": plan["gpus_before"] - plan["gpus_after"],
         "gpus_added": plan["gpus_after"] - plan["gpus_before"],
     }

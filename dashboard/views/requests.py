@@ -19,10 +19,12 @@ from django.views.decorators.http import require_POST
 
 from config import parsing
 from config.roles import is_fleet_admin
+from fleet import request_preview
 from fleet import requests as service
 from fleet.choices import ResizeStatus
 from fleet.models import Notification, ResizeRequest, VgpuProfile, VirtualMachine
 from fleet.services import FleetConflict
+from sizing import room
 
 BAD_WINDOW = "Enter the wished window as a date and time, e.g. 2026-12-01 09:00."
 NO_PROFILE = "Choose a target profile of the VM's GPU model."
@@ -64,6 +66,49 @@ def _next(request, default: str) -> str:
     return default
 
 
+class ApproveForm(forms.Form):
+    """The confirm step's answer: the admin ticked the confirmation of the changes shown, whose
+    fingerprint comes back with it."""
+
+    confirm = forms.BooleanField(error_messages={"required": request_preview.NOT_CONFIRMED})
+    fingerprint = forms.CharField(max_length=64, error_messages={"required": request_preview.NOT_CONFIRMED})
+
+
+@login_required
+def request_review(request, pk: int):
+    """The confirm step of an approval: which VM changes, from and to which GPUs and host, that
+    it must be shut down; the form posts the confirmation to request_decide."""
+    if not is_fleet_admin(request.user):
+        raise PermissionDenied
+    obj = get_object_or_404(ResizeRequest.objects.select_related("vm", "requested_profile", "current_profile"), pk=pk)
+    return render(request, "fleet/request_review.html", {
+        "r": obj, "preview": request_preview.preview(obj), "comment": request.GET.get("comment", "")[:1000],
+    })
+
+
+@login_required
+def request_room(request, pk: int):
+    """The queue's lazy fragment for a request that fits nowhere as the fleet stands: whether
+    it fits if other VMs move (how many, which), with the optimizer run one click away."""
+    if not is_fleet_admin(request.user):
+        raise PermissionDenied
+    obj = get_object_or_404(ResizeRequest, pk=pk)
+    answer = None
+    if obj.status == ResizeStatus.PENDING:
+        answer = room.room_for(obj.vm_id, obj.requested_profile_id, obj.requested_vgpus)
+    return render(request, "fleet/partials/request_room.html", {"r": obj, "room": answer})
+
+
+def _confirmed(request, obj: ResizeRequest) -> str:
+    """Why the approval posted is not the one the admin confirmed ("" when it is)."""
+    form = ApproveForm(request.POST)
+    if not form.is_valid():
+        return request_preview.NOT_CONFIRMED
+    if form.cleaned_data["fingerprint"] != request_preview.preview(obj).fingerprint:
+        return request_preview.FLEET_CHANGED
+    return ""
+
+
 @login_required
 @require_POST
 def request_decide(request, pk: int, verb: str):
@@ -78,6 +123,9 @@ def request_decide(request, pk: int, verb: str):
         elif not is_fleet_admin(request.user):
             raise PermissionDenied
         elif verb == "approve":
+            if refusal := _confirmed(request, obj):
+                messages.error(request, f"Request #{pk} was not approved: {refusal}")
+                return redirect("fleet:request-review", pk=pk)
             service.approve(obj, request.user, _text(request, "comment"))
         else:
             service.reject(obj, request.user, _text(request, "comment"))

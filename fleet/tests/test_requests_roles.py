@@ -16,6 +16,7 @@ from fleet import requests as service
 from fleet.api_tokens import issue_token
 from fleet.choices import ResizeStatus
 from fleet.models import Notification, ResizeRequest
+from fleet.request_preview import preview
 from fleet.tests.factories import UserFactory, VirtualMachineFactory, profile
 
 ROLES = ["anonymous", "artist", "other_artist", "admin", "token", "artist_token"]
@@ -161,6 +162,8 @@ def test_page_role_matrix(world, page, role):
     body = dict(call.body or {})
     if page == "file":
         body["requested_profile"] = profile("RTX6000-24Q").pk
+    if page == "approve":  # what the confirm step posts
+        body.update(confirm="on", fingerprint=preview(world.request).fingerprint)
     response = getattr(page_client(role, world), call.method)(call.path(world), body)
     expected = PAGE_MATRIX[page][ROLES.index(role)]
     if expected == LOGIN:

@@ -6,10 +6,8 @@ import json
 
 import pytest
 
-from fleet.fit import NOWHERE, resize_impact
 from fleet.placement import Rule
 from sizing import optimizer
-from sizing.consolidation import moves_to_fit
 from sizing.optimizer import Change, PlanRule
 from sizing.tests.fleets import FleetBuilder, apply_plan, layout_of, plan_layout, profile
 
@@ -528,25 +526,3 @@ class TestVerifyCatchesBrokenPlans:
         broken = optimizer.Plan(**{**plan.__dict__, "assignments": (stray,) + plan.assignments[1:]})
 
         assert PlanRule.UNKNOWN in {v.rule for v in optimizer.verify(snapshot, broken)}
-
-
-# Fits only if other VMs move ------------------------------------------------------------------
-
-
-def test_a_resize_that_fits_nowhere_is_told_how_many_other_vms_would_have_to_move():
-    # GPU a holds the VM's 12Q beside another VM's 12Q, GPU b a third VM's 12Q: no GPU takes a
-    # 24Q now, but moving the neighbour beside the third VM empties GPU a for it.
-    b = FleetBuilder()
-    host = b.host()
-    gpu_a, gpu_b = b.gpu(host), b.gpu(host)
-    grower, neighbour, third = b.vm(), b.vm(), b.vm()
-    b.place(grower, gpu_a, "RTX6000-12Q")
-    b.place(neighbour, gpu_a, "RTX6000-12Q")
-    b.place(third, gpu_b, "RTX6000-12Q")
-    snapshot = b.snapshot()
-    q24, q12 = profile("RTX6000-24Q"), profile("RTX6000-12Q")
-
-    assert resize_impact(snapshot, grower, q24).fits == NOWHERE
-    assert moves_to_fit(snapshot, grower, q24, 1) == 1
-    assert moves_to_fit(snapshot, grower, q12, 1) == 0  # fits as it is
-    assert moves_to_fit(snapshot, grower, q24, 2) is None  # two 24Q need both GPUs: no drain frees them
