@@ -29,7 +29,6 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -143,19 +142,6 @@ def _written(connection, table: str) -> None:
     bump([table])
 
 
-@contextmanager
-def writes_rolled_back():
-    """Around a transaction that is always rolled back (a dry run of a placement): its writes are
-    never seen by anyone, so they need no new versions, and the entries of every list the dry
-    run touched stay valid. Never around a transaction that may commit."""
-    previous = getattr(_local, "rolled_back", False)
-    _local.rolled_back = True
-    try:
-        yield
-    finally:
-        _local.rolled_back = previous
-
-
 def written_tables(sql: str) -> list[str]:
     """The tables a statement writes ([] for a read)."""
     write = _WRITE.match(sql)
@@ -170,9 +156,8 @@ def execute_wrapper(execute, sql, params, many, context):
     if isinstance(sql, str):
         written = written_tables(sql)
         if written:
-            if not getattr(_local, "rolled_back", False):
-                for table in written:
-                    _written(context["connection"], table)
+            for table in written:
+                _written(context["connection"], table)
         else:
             recording = getattr(_local, "recording", None)
             if recording is not None:
