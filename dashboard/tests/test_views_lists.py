@@ -127,9 +127,9 @@ def test_gpus_page_shows_frame_buffer_bar_and_latest_sample(staff, world):
         ["render-01", "00000000:3B:00.0", "NVIDIA L40S", "vGPU (shared)", "Equal-size", "12288 / 49152 MiB", "1",
          "73 %", "61 °C"],
         ["render-01", "00000000:5E:00.0", "NVIDIA L40S", "vGPU (shared)", "Equal-size", "24576 / 49152 MiB", "2",
-         "no samples yet"],
+         "no samples yet", "—"],
         ["render-02", "00000000:3B:00.0", "NVIDIA L40S", "vGPU (shared)", "Equal-size", "0 / 49152 MiB", "0",
-         "no samples yet"],
+         "no samples yet", "—"],
     ]
     html = response.content.decode()
     assert 'style="width: 25%"' in html, "the bars are the allocated share"

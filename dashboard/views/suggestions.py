@@ -1,6 +1,7 @@
 """The right-sizing suggestions page (`/sizing/suggestions/`) and its POST actions: staff only.
 
-The list is a `dashboard.listing.FilteredListView` over `sizing.queries.suggestions_for`,
+The list is a `dashboard.listing.TableListView` over `sizing.queries.suggestions_for` (its
+columns, orderings and export: `dashboard.tables.SuggestionTable`),
 filtered by the API's own `SuggestionFilterSet`, so the page and `GET /api/v1/suggestions/`
 agree on what a filter means. Above it, fleet-wide figures (`sizing.queries.suggestion_summary`).
 Each row's chart is drawn in the browser (static/js/suggestions.js) from the daily series of its
@@ -23,8 +24,9 @@ from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_POST
 
 from config.celery import QueueUnavailable, send_from_request
+from dashboard import tables
 from dashboard.access import staff_required
-from dashboard.listing import Column, CsvColumn, FilteredListView
+from dashboard.listing import TableListView
 from fleet.choices import ResizeStatus
 from fleet.models import ResizeRequest, Vgpu
 from sizing import suggestions, tasks
@@ -98,55 +100,17 @@ def _safe_next(request: HttpRequest) -> str:
     return reverse("sizing:suggestion-list")
 
 
-class SuggestionListView(FilteredListView):
+class SuggestionListView(TableListView):
     """Every VM's right-sizing suggestion: the advice, the figures behind it, where the new size
     fits and what it frees, with Accept and Dismiss."""
 
+    table_class = tables.SuggestionTable
     filterset_class = SuggestionFilterSet
     template_name = "sizing/suggestion_list.html"
     title = "Right-sizing"
     noun = "suggestions"
     csv_name = "suggestions"
     filter_fields = ("action", "host", "artist", "fits", "dismissed")
-    default_ordering = "action"
-    columns = (
-        Column("VM", "vm"),
-        Column("Artist", "artist"),
-        Column("Profile", title="Current profile → suggested profile"),
-        Column("Advice", "action"),
-        Column("Frame buffer", title="p95, peak and mean use over active hours, as % of the current profile"),
-        Column("GPU p95", num=True, title="95th percentile of GPU utilization over active hours, % of the GPU"),
-        Column("Encoder max", num=True, title="Highest hourly encoder utilization, %"),
-        Column("Fits", "fits", title="Where the suggested profile fits now"),
-        Column("GPUs", "gpus_delta", num=True,
-               title="GPUs freed (−) or needed (+) fleet-wide if this change alone were applied"),
-        Column("", title="Actions"),
-    )
-    orderings = {
-        "vm": ("vm__name",),
-        "artist": ("vm__artist__name", "vm__name"),
-        "action": ("action_rank", "gpus_delta", "vm__name"),
-        "fits": ("fits", "vm__name"),
-        "gpus_delta": ("gpus_delta", "vm__name"),
-    }
-    csv_columns = (
-        CsvColumn("vm", lambda s: s.vm.name),
-        CsvColumn("artist", lambda s: s.vm.artist.name if s.vm.artist else None),
-        CsvColumn("host", lambda s: s.vm.host.name if s.vm.host else None),
-        CsvColumn("current_profile", lambda s: s.current_profile.name if s.current_profile else None),
-        CsvColumn("suggested_profile", lambda s: s.suggested_profile.name if s.suggested_profile else None),
-        CsvColumn("suggested_vgpus", lambda s: s.suggested_vgpus),
-        CsvColumn("action", lambda s: s.action),
-        CsvColumn("fb_p95_pct", lambda s: s.figures.fb_p95_pct),
-        CsvColumn("fb_peak_pct", lambda s: s.figures.fb_peak_pct),
-        CsvColumn("fb_mean_pct", lambda s: s.figures.fb_mean_pct),
-        CsvColumn("util_gpu_p95_pct", lambda s: s.figures.util_gpu_p95_pct),
-        CsvColumn("enc_util_max_pct", lambda s: s.figures.enc_util_max_pct),
-        CsvColumn("fits", lambda s: s.fits),
-        CsvColumn("gpus_delta", lambda s: s.gpus_delta),
-        CsvColumn("reason", lambda s: s.reason),
-        CsvColumn("dismissed", lambda s: s.dismissed),
-    )
 
     def get_queryset(self) -> QuerySet:
         rank = Case(*(When(action=action, then=Value(n)) for action, n in ACTION_RANK.items()),
