@@ -403,3 +403,41 @@ class SuggestionTable(ListTable):
 
     def value_enc_util_max_pct(self, record):
         return record.figures.enc_util_max_pct
+
+
+# Audit log -----------------------------------------------------------------------------------
+
+_NAMED = ('{% if NAMED %}{% if NAMED.url %}<a href="{{ NAMED.url }}">{{ NAMED.text }}</a>{% else %}{{ NAMED.text }}'
+          '{% endif %}{% if NAMED.gone %} <span class="muted">(gone)</span>{% endif %}'
+          '{% else %}{{ VALUE|default_if_none:"—" }}{% endif %}')
+
+
+class AuditEventTable(ListTable):
+    """Audit events, newest first, each with its object and its changed fields, ids shown as
+    names (`object_named` and the `diff` rows set by `dashboard.audit_log.name_events`). The
+    export is the API's (`/api/v1/audit-events/?format=csv`), so this table has none."""
+
+    at = tables.TemplateColumn("{{ record.at|date:'Y-m-d H:i:s' }}", verbose_name="When",
+                               attrs={"td": {"class": "nowrap"}})
+    actor = tables.TemplateColumn('{{ record.actor_name|default:"system" }}', verbose_name="Who",
+                                  order_by=("actor_name", "-at"))
+    source = tables.Column("Source", order_by=("source", "-at"))
+    action = tables.TemplateColumn("<code>{{ record.action }}</code>", verbose_name="Action",
+                                   order_by=("action", "-at"))
+    object = tables.TemplateColumn(
+        '{% if record.object_named %}<a href="{{ record.object_named.url }}">{{ record.object_repr }}</a>'
+        "{% else %}{{ record.object_repr }}{% endif %} "
+        '<span class="muted">{{ record.object_type }}'
+        '{% if record.object_id %} #{{ record.object_id }}{% endif %}</span>',
+        verbose_name="Object", empty_values=(), order_by=("object_type", "object_repr", "-at"))
+    changes = tables.TemplateColumn(
+        '<table class="audit-diff">{% for row in record.diff %}{% if row.changed %}'
+        '<tr class="changed" data-field="{{ row.field }}"><th>{{ row.label }}</th>'
+        "<td><del>" + _NAMED.replace("NAMED", "row.before_named").replace("VALUE", "row.before") + "</del></td>"
+        "<td><ins>" + _NAMED.replace("NAMED", "row.after_named").replace("VALUE", "row.after") + "</ins></td>"
+        "</tr>{% endif %}{% endfor %}</table>"
+        "{% if record.comment %}<p>{{ record.comment }}</p>{% endif %}",
+        verbose_name="Changes", empty_values=(), orderable=False)
+
+    class Meta(ListTable.Meta):
+        order_by = ("-at",)
