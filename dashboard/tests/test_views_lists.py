@@ -386,6 +386,14 @@ def test_csv_neutralizes_formulas_in_names(staff):
     assert vms[1][0] == "'+cmd|' /C calc'!A0"
 
 
+def test_an_unknown_format_is_a_400_naming_it(staff, world):
+    response = staff.get("/vms/", {"format": "xlsx"})
+
+    assert response.status_code == 400
+    assert "Format: Select a valid choice. xlsx is not one of the available choices." in response.content.decode()
+    assert table_rows(response) == []
+
+
 def test_csv_with_invalid_filters_is_the_400_page(staff, world):
     response = staff.get("/gpus/", {"host": "999999", "format": "csv"})
 

@@ -17,15 +17,15 @@ from dataclasses import dataclass
 
 from django.contrib import messages
 from django.db.models import Case, IntegerField, QuerySet, Value, When
-from django.http import HttpRequest, HttpResponseRedirect
+from django.http import HttpRequest, HttpResponseBadRequest, HttpResponseRedirect
 from django.shortcuts import get_object_or_404
 from django.urls import reverse
-from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_POST
 
 from config.celery import QueueUnavailable, send_from_request
 from dashboard import tables
 from dashboard.access import staff_required
+from dashboard.forms import NextForm, SuggestionActionForm, field_errors
 from dashboard.listing import TableListView
 from fleet.choices import ResizeStatus
 from fleet.models import ResizeRequest, Vgpu
@@ -91,13 +91,13 @@ def _chart(suggestion) -> dict:
     }
 
 
-def _safe_next(request: HttpRequest) -> str:
-    """Where a POST form goes back to: its `next` field when it is a path of this site, else the list."""
-    target = request.POST.get("next", "")
-    if target and url_has_allowed_host_and_scheme(target, allowed_hosts={request.get_host()},
-                                                  require_https=request.is_secure()):
-        return target
-    return reverse("sizing:suggestion-list")
+def _next(form: NextForm, request: HttpRequest) -> HttpResponseRedirect:
+    """Back to the list the form was sent from (its filters kept), or to the list."""
+    return HttpResponseRedirect(form.next_url(request, reverse("sizing:suggestion-list")))
+
+
+def _refused(form) -> HttpResponseBadRequest:
+    return HttpResponseBadRequest(f"Refused: {field_errors(form)}", content_type="text/plain; charset=utf-8")
 
 
 class SuggestionListView(TableListView):
@@ -156,15 +156,17 @@ def charts_of(rows: list) -> dict:
 def accept(request: HttpRequest, pk: int):
     """File a resize request for the suggested profile."""
     suggestion = get_object_or_404(suggestions_for(request.user), pk=pk)
+    form = SuggestionActionForm(request.POST)
+    if not form.is_valid():
+        return _refused(form)
     try:
-        filed = suggestions.accept_suggestion(suggestion, request.user,
-                                              evidence_key=request.POST.get("evidence_key", "")[:64])
+        filed = suggestions.accept_suggestion(suggestion, request.user, evidence_key=form.cleaned_data["evidence_key"])
     except suggestions.SuggestionConflict as exc:
         messages.error(request, str(exc))
     else:
         messages.success(request, f"Request #{filed.pk} filed: {suggestion.vm.name} to "
                                   f"{filed.requested_vgpus} x {filed.requested_profile.name}, pending approval.")
-    return HttpResponseRedirect(_safe_next(request))
+    return _next(form, request)
 
 
 @require_POST
@@ -172,14 +174,16 @@ def accept(request: HttpRequest, pk: int):
 def dismiss(request: HttpRequest, pk: int):
     """Hide the suggestion until its evidence changes."""
     suggestion = get_object_or_404(suggestions_for(request.user), pk=pk)
+    form = SuggestionActionForm(request.POST)
+    if not form.is_valid():
+        return _refused(form)
     try:
-        suggestions.dismiss_suggestion(suggestion, request.user,
-                                       evidence_key=request.POST.get("evidence_key", "")[:64])
+        suggestions.dismiss_suggestion(suggestion, request.user, evidence_key=form.cleaned_data["evidence_key"])
     except suggestions.SuggestionConflict as exc:
         messages.error(request, str(exc))
     else:
         messages.success(request, f"Suggestion for {suggestion.vm.name} dismissed until its evidence changes.")
-    return HttpResponseRedirect(_safe_next(request))
+    return _next(form, request)
 
 
 @require_POST
@@ -187,15 +191,17 @@ def dismiss(request: HttpRequest, pk: int):
 def restore(request: HttpRequest, pk: int):
     """Show a dismissed suggestion again."""
     suggestion = get_object_or_404(suggestions_for(request.user), pk=pk)
+    form = NextForm(request.POST)
     suggestions.restore_suggestion(suggestion)
     messages.success(request, f"Suggestion for {suggestion.vm.name} restored.")
-    return HttpResponseRedirect(_safe_next(request))
+    return _next(form, request)
 
 
 @require_POST
 @staff_required
 def refresh(request: HttpRequest):
     """Recompute every suggestion now (small fleets) or hand the work to the worker (large ones)."""
+    form = NextForm(request.POST)
     subjects = Vgpu.objects.values("vm_id").distinct().count()
     if subjects <= SYNC_REFRESH_MAX_VMS:
         counts = suggestions.refresh_suggestions()
@@ -213,4 +219,4 @@ def refresh(request: HttpRequest):
         else:
             messages.success(request, f"Refreshing the suggestions of {subjects} VMs in the background; reload "
                                       "this page in a minute.")
-    return HttpResponseRedirect(_safe_next(request))
+    return _next(form, request)
