@@ -47,7 +47,7 @@ fleet_patterns = [
     path("scheduler/hosts/<int:pk>/", scheduler.scheduler_host_default, name="scheduler-host"),
     path("scheduler/models/<int:pk>/", scheduler.scheduler_model_default, name="scheduler-model"),
     # --- audit log ---
-    path("audit/", audit.audit_list, name="audit"),
+    path("audit/", audit.AuditListView.as_view(), name="audit"),
 ]
 
 telemetry_patterns = [

@@ -163,9 +163,10 @@ class AuditEventFilter(django_filters.FilterSet):
     object_id = django_filters.CharFilter()
     source = django_filters.ChoiceFilter(choices=AuditSource.choices)
     actor = django_filters.CharFilter(method="filter_actor", help_text="user id or username")
-    since = TimeFilter(field_name="at", lookup_expr="gte", help_text="ISO 8601 or Unix seconds")
-    until = TimeFilter(field_name="at", lookup_expr="lt", help_text="ISO 8601 or Unix seconds")
-    q = django_filters.CharFilter(method="filter_q", help_text="text in the object's name or the comment")
+    since = TimeFilter(field_name="at", lookup_expr="gte", label="Since", help_text="ISO 8601 or Unix seconds")
+    until = TimeFilter(field_name="at", lookup_expr="lt", label="Until", help_text="ISO 8601 or Unix seconds")
+    q = django_filters.CharFilter(method="filter_q", label="Search",
+                                  help_text="text in the object's name or the comment")
 
     class Meta:
         model = AuditEvent

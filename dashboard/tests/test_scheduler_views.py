@@ -51,6 +51,14 @@ def test_list_shows_desired_reported_and_drift_and_filters_drift_only(staff, gpu
     assert calm.pk not in [row.gpu.pk for row in drifting.context["rows"]]
 
 
+def test_a_drift_filter_that_is_none_is_a_400_naming_it(staff, gpu):
+    response = staff.get("/scheduler/", {"drift": "yes"})
+
+    assert response.status_code == 400
+    assert "drift: Select a valid choice. yes is not one of the available choices." in response.content.decode()
+    assert f'data-gpu="{gpu.pk}"' in response.content.decode(), "every GPU still listed"
+
+
 def test_list_query_count_does_not_grow_with_gpus(staff, gpu, django_assert_max_num_queries):
     for n in range(10):
         GpuFactory(host=gpu.host, pci_bus_id=f"00000000:{0x90 + n:02X}:00.0")

@@ -127,9 +127,9 @@ def test_gpus_page_shows_frame_buffer_bar_and_latest_sample(staff, world):
         ["render-01", "00000000:3B:00.0", "NVIDIA L40S", "vGPU (shared)", "Equal-size", "12288 / 49152 MiB", "1",
          "73 %", "61 °C"],
         ["render-01", "00000000:5E:00.0", "NVIDIA L40S", "vGPU (shared)", "Equal-size", "24576 / 49152 MiB", "2",
-         "no samples yet"],
+         "no samples yet", "—"],
         ["render-02", "00000000:3B:00.0", "NVIDIA L40S", "vGPU (shared)", "Equal-size", "0 / 49152 MiB", "0",
-         "no samples yet"],
+         "no samples yet", "—"],
     ]
     html = response.content.decode()
     assert 'style="width: 25%"' in html, "the bars are the allocated share"
@@ -384,6 +384,14 @@ def test_csv_neutralizes_formulas_in_names(staff):
     assert "'@SUM(A1)" in names
     assert "Plain -dash" in names, "only a leading sign is a formula"
     assert vms[1][0] == "'+cmd|' /C calc'!A0"
+
+
+def test_an_unknown_format_is_a_400_naming_it(staff, world):
+    response = staff.get("/vms/", {"format": "xlsx"})
+
+    assert response.status_code == 400
+    assert "Format: Select a valid choice. xlsx is not one of the available choices." in response.content.decode()
+    assert table_rows(response) == []
 
 
 def test_csv_with_invalid_filters_is_the_400_page(staff, world):

@@ -282,6 +282,14 @@ def test_a_dismiss_of_evidence_recomputed_since_it_was_shown_is_refused(staff_cl
     assert Suggestion.objects.get(pk=world.light_s.pk).dismissed_key == ""
 
 
+def test_an_evidence_key_that_is_none_is_a_400_naming_the_field(staff_client, world):
+    response = staff_client.post(f"{PAGE}{world.light_s.pk}/dismiss/", {"evidence_key": "0" * 65, "next": PAGE})
+
+    assert response.status_code == 400
+    assert "evidence_key: Ensure this value has at most 64 characters" in response.content.decode()
+    assert Suggestion.objects.get(pk=world.light_s.pk).dismissed_key == ""
+
+
 def test_a_next_pointing_elsewhere_comes_back_to_the_list(staff_client, world):
     response = staff_client.post(f"{PAGE}{world.light_s.pk}/dismiss/", {"next": "https://evil.example/"})
 

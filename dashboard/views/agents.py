@@ -8,13 +8,12 @@ shows without a reload; a summary of the statuses of all agents heads it (one qu
 
 from __future__ import annotations
 
-from datetime import UTC
-
 from django.conf import settings
 from django.db.models import QuerySet
 from django.urls import reverse
 
-from dashboard.listing import Column, CsvColumn, FilteredListView
+from dashboard import tables
+from dashboard.listing import TableListView
 from telemetry.filtersets import AgentFilterSet
 from telemetry.models import Agent, AgentStatus
 from telemetry.queries import agent_status_counts
@@ -23,54 +22,17 @@ from telemetry.queries import agent_status_counts
 SUMMARY_ORDER = (AgentStatus.ERROR, AgentStatus.STALE, AgentStatus.NEW, AgentStatus.OK, AgentStatus.DISABLED)
 
 
-def _iso(moment) -> str | None:
-    return moment.astimezone(UTC).isoformat() if moment else None
 
-
-class AgentListView(FilteredListView):
+class AgentListView(TableListView):
     """Agents with status, last success, last error, failures in a row and clock skew."""
 
+    table_class = tables.AgentTable
     filterset_class = AgentFilterSet
     template_name = "telemetry/agent_list.html"
     partial_template_name = "telemetry/partials/agent_table.html"
     noun = "agents"
     csv_name = "agents"
     filter_fields = ("q", "status", "kind", "host", "enabled")
-    columns = (
-        Column("Agent", "name"),
-        Column("Kind", "kind"),
-        Column("Host", "host", title="The host whose GPUs it reports, or the one VM an in-guest agent reports"),
-        Column("URL", "url"),
-        Column("Status", title="ok: polled recently; stale: not seen lately; error: the last attempt failed; "
-                               "new: never seen; disabled"),
-        Column("Last seen", "last_seen", title="Last successful collection"),
-        Column("Last error"),
-        Column("Failures", "consecutive_failures", num=True, title="Failed attempts in a row"),
-        Column("Clock skew", "clock_skew_s", num=True, title="Agent clock minus ours at the last poll, seconds"),
-    )
-    orderings = {
-        "name": ("name",),
-        "kind": ("kind", "name"),
-        "host": ("host__name", "name"),
-        "url": ("url",),
-        "last_seen": ("last_seen",),
-        "consecutive_failures": ("consecutive_failures", "name"),
-        "clock_skew_s": ("clock_skew_s", "name"),
-    }
-    csv_columns = (
-        CsvColumn("name", lambda agent: agent.name),
-        CsvColumn("kind", lambda agent: agent.kind),
-        CsvColumn("host", lambda agent: agent.host.name if agent.host else None),
-        CsvColumn("vm", lambda agent: agent.vm.name if agent.vm else None),
-        CsvColumn("url", lambda agent: agent.url),
-        CsvColumn("enabled", lambda agent: agent.enabled),
-        CsvColumn("status", lambda agent: agent.status_now),
-        CsvColumn("last_seen_utc", lambda agent: _iso(agent.last_seen)),
-        CsvColumn("last_error", lambda agent: agent.last_error),
-        CsvColumn("last_error_at_utc", lambda agent: _iso(agent.last_error_at)),
-        CsvColumn("consecutive_failures", lambda agent: agent.consecutive_failures),
-        CsvColumn("clock_skew_s", lambda agent: agent.clock_skew_s),
-    )
 
     def get_queryset(self) -> QuerySet:
         return Agent.objects.select_related("host", "vm")

@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
+from django import forms
 from django.conf import settings
 from django.http import QueryDict
 from django.shortcuts import render
@@ -109,13 +110,69 @@ def _local_input(moment: datetime) -> str:
     return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M")
 
 
-def _pick(params: QueryDict, name: str, choices, default: str, errors: list[str], where: str = "") -> str:
-    """The parameter if it is one of `choices`, else `default` and a message naming the choices."""
-    value = (params.get(name) or "").strip() or default
-    if value not in choices:
-        errors.append(f"Unknown {name} {value!r}{where}: use {', '.join(choices)}.")
-        return default
-    return value
+class HeatmapForm(forms.Form):
+    """The page's controls. A bad value is an error of its field, in words that name the
+    parameter and its choices; the page then draws with that field's default, so the form still
+    shows (with what was typed) and only valid choices travel in its links."""
+
+    view = forms.CharField(required=False)
+    metric = forms.CharField(required=False)
+    stat = forms.CharField(required=False)
+    sort = forms.CharField(required=False)
+    host = forms.CharField(required=False)
+
+    def __init__(self, data, hosts: list[tuple[int, str]]):
+        super().__init__(data)
+        self.host_ids = {pk for pk, _ in hosts}
+
+    @staticmethod
+    def _choice(name: str, value: str, choices, default: str, where: str = "") -> str:
+        value = (value or "").strip() or default
+        if value not in choices:
+            raise forms.ValidationError(f"Unknown {name} {value!r}{where}: use {', '.join(choices)}.", code="invalid")
+        return value
+
+    def clean_view(self) -> str:
+        return self._choice("view", self.cleaned_data["view"], VIEWS, DEFAULT_VIEW)
+
+    def clean_sort(self) -> str:
+        return self._choice("sort", self.cleaned_data["sort"], SORT_LABELS, "host")
+
+    def clean_stat(self) -> str:
+        return self._choice("stat", self.cleaned_data["stat"], STAT_LABELS, "avg")
+
+    def clean_host(self) -> int | None:
+        raw = self.cleaned_data["host"].strip()
+        if not raw:
+            return None
+        try:
+            host_id = parsing.parse_int(raw)
+        except parsing.ParseError:
+            host_id = None
+        if host_id not in self.host_ids:
+            raise forms.ValidationError(f"Unknown host {raw!r}: pick one from the list, or all hosts.", code="invalid")
+        return host_id
+
+    def clean(self) -> dict:
+        """The metric depends on the view, and the statistic on the metric."""
+        view = VIEWS[self.cleaned_data.get("view") or DEFAULT_VIEW]
+        try:
+            metric = self._choice("metric", self.data.get("metric", ""), view.metrics, view.default_metric,
+                                  f" in the {view.label} view")
+        except forms.ValidationError as exc:
+            self.add_error("metric", exc)
+            metric = view.default_metric
+        self.cleaned_data["metric"] = metric
+        stat = self.cleaned_data.get("stat")
+        stats = METRICS[metric].stats
+        if stat is not None and stat not in stats:
+            self.add_error("stat", f"{view.metrics[metric]} has no {STAT_LABELS[stat]}: use "
+                                   f"{' or '.join(STAT_LABELS[s] for s in stats)} ({', '.join(stats)}).")
+        return self.cleaned_data
+
+    def value(self, name: str, default):
+        """The field's clean value, or `default` when it was refused."""
+        return self.cleaned_data[name] if name in self.cleaned_data and name not in self.errors else default
 
 
 def _range_params(params: QueryDict, default_key: str) -> tuple[str, dict[str, str]]:
@@ -172,29 +229,19 @@ def _no_rows(view: HeatmapView, one_host: bool) -> dict[str, str]:
 def heatmap_page(request):
     """The heatmap page: 200 with the chart's parameters, or 400 with the messages and the form."""
     params = request.GET
-    errors: list[str] = []
-
-    view = VIEWS[_pick(params, "view", VIEWS, DEFAULT_VIEW, errors)]
-    metric = _pick(params, "metric", view.metrics, view.default_metric, errors, f" in the {view.label} view")
-    stats = METRICS[metric].stats
-    stat = _pick(params, "stat", STAT_LABELS, "avg", errors)
-    if stat not in stats:
-        errors.append(f"{view.metrics[metric]} has no {STAT_LABELS[stat]}: use "
-                      f"{' or '.join(STAT_LABELS[s] for s in stats)} ({', '.join(stats)}).")
-        stat = "avg"
-    sort = _pick(params, "sort", SORT_LABELS, "host", errors)
-
     hosts = list(Host.objects.order_by("name").values_list("pk", "name"))
-    host_raw = (params.get("host") or "").strip()
-    host_id = None
-    if host_raw:
-        try:
-            host_id = parsing.parse_int(host_raw)
-        except parsing.ParseError:
-            host_id = None
-        if host_id not in {pk for pk, _ in hosts}:
-            errors.append(f"Unknown host {host_raw!r}: pick one from the list, or all hosts.")
-            host_id = None
+    form = HeatmapForm(params, hosts)
+    form.is_valid()
+    errors: list[str] = [str(error) for field in form for error in field.errors]
+
+    view = VIEWS[form.value("view", DEFAULT_VIEW)]
+    metric = form.cleaned_data["metric"]
+    stat = form.value("stat", "avg")
+    stats = METRICS[metric].stats
+    if stat not in stats:
+        stat = "avg"
+    sort = form.value("sort", "host")
+    host_id = form.value("host", None)
 
     range_key, range_query = _range_params(params, view.default_range)
     time_range: TimeRange | None = None

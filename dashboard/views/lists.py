@@ -1,5 +1,6 @@
 """List pages of the inventory (hosts, GPUs, VMs, artists): staff only, filtered by the API's
-FilterSets, searchable, sortable, 50 rows a page and exportable as CSV (`dashboard.listing`).
+FilterSets, searchable, sortable, 50 rows a page and exportable as CSV (`dashboard.listing`); the
+columns, their orderings and the export are each page's table in `dashboard.tables`.
 
 Rows come from `fleet.queries.*_for(user)`, which load every column's figures (allocated vCPUs
 and RAM, frame buffer taken by vGPUs, vGPUs with their profiles) in a fixed number of queries;
@@ -8,14 +9,15 @@ the GPU list adds the latest utilization and temperature of the page's GPUs in o
 
 from __future__ import annotations
 
-from datetime import UTC, timedelta
+from datetime import timedelta
 
 from django.conf import settings
 from django.db.models import Count, QuerySet
 from django.urls import reverse
 from django.utils import timezone
 
-from dashboard.listing import Column, CsvColumn, FilteredListView
+from dashboard import tables
+from dashboard.listing import TableListView
 from fleet import filtersets, queries
 from telemetry.queries import latest_gpu_samples
 
@@ -23,11 +25,8 @@ from telemetry.queries import latest_gpu_samples
 FB_HIGH_PCT = 90
 
 
-def _iso(moment) -> str | None:
-    return moment.astimezone(UTC).isoformat() if moment else None
 
-
-class FleetListView(FilteredListView):
+class FleetListView(TableListView):
     """A fleet list: its empty state points to where the first row of its kind comes from."""
 
     title = ""
@@ -50,6 +49,7 @@ class FleetListView(FilteredListView):
 class HostListView(FleetListView):
     """Hosts with the vCPUs and RAM their VMs claim, their GPUs and the status of their agents."""
 
+    table_class = tables.HostTable
     filterset_class = filtersets.HostFilterSet
     template_name = "fleet/host_list.html"
     title = "Hosts"
@@ -59,35 +59,6 @@ class HostListView(FleetListView):
     add_url_name = "admin:fleet_host_add"
     add_label = "Add host"
     filter_fields = ("q", "hypervisor")
-    columns = (
-        Column("Host", "name"),
-        Column("Hypervisor", "hypervisor"),
-        Column("GPUs", "gpu_count", num=True),
-        Column("vCPUs allocated / threads", "allocated_vcpus", num=True,
-               title="vCPUs the host's VMs claim, against its hardware threads"),
-        Column("RAM allocated / total", "allocated_ram_gib", num=True,
-               title="GiB the host's VMs claim, against the RAM available to VMs"),
-        Column("Agents", title="Sources of the host's samples and their status"),
-    )
-    orderings = {
-        "name": ("name",),
-        "hypervisor": ("hypervisor", "name"),
-        "gpu_count": ("gpu_count",),
-        "allocated_vcpus": ("allocated_vcpus",),
-        "cpu_threads": ("cpu_threads",),
-        "allocated_ram_gib": ("allocated_ram_gib",),
-        "ram_gib": ("ram_gib",),
-    }
-    csv_columns = (
-        CsvColumn("name", lambda host: host.name),
-        CsvColumn("hypervisor", lambda host: host.hypervisor),
-        CsvColumn("gpus", lambda host: host.gpu_count),
-        CsvColumn("vcpus_allocated", lambda host: host.allocated_vcpus),
-        CsvColumn("cpu_threads", lambda host: host.cpu_threads),
-        CsvColumn("ram_allocated_gib", lambda host: host.allocated_ram_gib),
-        CsvColumn("ram_gib", lambda host: host.ram_gib),
-        CsvColumn("agents", lambda host: "; ".join(f"{agent.name} ({agent.status})" for agent in host.agents.all())),
-    )
 
     def get_queryset(self) -> QuerySet:
         # Agents come by their reverse relation: one query a page, ordered by their Meta (name).
@@ -97,6 +68,7 @@ class HostListView(FleetListView):
 class GpuListView(FleetListView):
     """GPUs with the frame buffer their vGPUs take and their latest utilization and temperature."""
 
+    table_class = tables.GpuTable
     filterset_class = filtersets.GpuFilterSet
     template_name = "fleet/gpu_list.html"
     title = "GPUs"
@@ -106,42 +78,6 @@ class GpuListView(FleetListView):
     add_url_name = "admin:fleet_gpu_add"
     add_label = "Add GPU"
     filter_fields = ("q", "host", "gpu_model", "mode", "size_mode")
-    columns = (
-        Column("Host", "host"),
-        Column("PCI bus id", "pci_bus_id"),
-        Column("Model", "gpu_model"),
-        Column("Mode", "mode"),
-        Column("Size mode", "size_mode"),
-        Column("Frame buffer allocated / physical", "used_fb_mib", num=True,
-               title="MiB of the vGPUs' profiles, against the GPU's frame buffer"),
-        Column("vGPUs", "vgpu_count", num=True),
-        Column("Utilization", num=True, title="GPU utilization, %, of the newest sample"),
-        Column("Temperature", num=True, title="°C, of the newest sample"),
-    )
-    orderings = {
-        "host": ("host__name", "pci_bus_id"),
-        "pci_bus_id": ("pci_bus_id", "host__name"),
-        "gpu_model": ("gpu_model__name", "host__name", "pci_bus_id"),
-        "mode": ("mode", "host__name", "pci_bus_id"),
-        "size_mode": ("size_mode", "host__name", "pci_bus_id"),
-        "used_fb_mib": ("used_fb_mib",),
-        "vgpu_count": ("vgpu_count",),
-    }
-    default_ordering = "host"
-    csv_columns = (
-        CsvColumn("host", lambda gpu: gpu.host.name),
-        CsvColumn("pci_bus_id", lambda gpu: gpu.pci_bus_id),
-        CsvColumn("uuid", lambda gpu: gpu.uuid),
-        CsvColumn("model", lambda gpu: gpu.gpu_model.name),
-        CsvColumn("mode", lambda gpu: gpu.mode),
-        CsvColumn("size_mode", lambda gpu: gpu.size_mode),
-        CsvColumn("fb_allocated_mib", lambda gpu: gpu.used_fb_mib),
-        CsvColumn("fb_physical_mib", lambda gpu: gpu.gpu_model.fb_mib),
-        CsvColumn("vgpus", lambda gpu: gpu.vgpu_count),
-        CsvColumn("util_gpu_pct", lambda gpu: (gpu.latest or {}).get("util_gpu")),
-        CsvColumn("temp_c", lambda gpu: (gpu.latest or {}).get("temp_c")),
-        CsvColumn("sampled_at_utc", lambda gpu: _iso((gpu.latest or {}).get("ts"))),
-    )
 
     def get_queryset(self) -> QuerySet:
         return queries.gpus_for(self.request.user)
@@ -162,6 +98,7 @@ class GpuListView(FleetListView):
 class VmListView(FleetListView):
     """VMs with their artist, host, vGPU profiles, vCPUs and RAM."""
 
+    table_class = tables.VirtualMachineTable
     filterset_class = filtersets.VirtualMachineFilterSet
     template_name = "fleet/vm_list.html"
     title = "VMs"
@@ -171,31 +108,6 @@ class VmListView(FleetListView):
     add_url_name = "admin:fleet_virtualmachine_add"
     add_label = "Add VM"
     filter_fields = ("q", "host", "artist", "unplaced")
-    columns = (
-        Column("VM", "name"),
-        Column("Artist", "artist"),
-        Column("Host", "host"),
-        Column("vGPU profiles", title="Profiles of the VM's vGPUs, with their frame buffer"),
-        Column("vCPUs", "vcpus", num=True),
-        Column("RAM", "ram_gib", num=True, title="GiB"),
-    )
-    orderings = {
-        "name": ("name",),
-        "artist": ("artist__name", "name"),
-        "host": ("host__name", "name"),
-        "vcpus": ("vcpus",),
-        "ram_gib": ("ram_gib",),
-    }
-    csv_columns = (
-        CsvColumn("name", lambda vm: vm.name),
-        CsvColumn("uuid", lambda vm: str(vm.uuid)),
-        CsvColumn("artist", lambda vm: vm.artist.name if vm.artist else None),
-        CsvColumn("host", lambda vm: vm.host.name if vm.host else None),
-        CsvColumn("profiles", lambda vm: "; ".join(vgpu.profile.name for vgpu in vm.vgpus.all())),
-        CsvColumn("vgpu_fb_mib", lambda vm: vm.vgpu_fb_mib),
-        CsvColumn("vcpus", lambda vm: vm.vcpus),
-        CsvColumn("ram_gib", lambda vm: vm.ram_gib),
-    )
 
     def get_queryset(self) -> QuerySet:
         return queries.vms_for(self.request.user)
@@ -208,6 +120,7 @@ class VmListView(FleetListView):
 class ArtistListView(FleetListView):
     """Artists with their user account, workflow, load class and number of VMs."""
 
+    table_class = tables.ArtistTable
     filterset_class = filtersets.ArtistFilterSet
     template_name = "fleet/artist_list.html"
     title = "Artists"
@@ -217,27 +130,6 @@ class ArtistListView(FleetListView):
     add_url_name = "admin:fleet_artist_add"
     add_label = "Add artist"
     filter_fields = ("q", "workflow", "user_type")
-    columns = (
-        Column("Artist", "name"),
-        Column("User", "user"),
-        Column("Workflow", "workflow"),
-        Column("User type", "user_type"),
-        Column("VMs", "vm_count", num=True),
-    )
-    orderings = {
-        "name": ("name",),
-        "user": ("user__username", "name"),
-        "workflow": ("workflow", "name"),
-        "user_type": ("user_type", "name"),
-        "vm_count": ("vm_count", "name"),
-    }
-    csv_columns = (
-        CsvColumn("name", lambda artist: artist.name),
-        CsvColumn("username", lambda artist: artist.user.username if artist.user else None),
-        CsvColumn("workflow", lambda artist: artist.workflow),
-        CsvColumn("user_type", lambda artist: artist.user_type),
-        CsvColumn("vms", lambda artist: artist.vm_count),
-    )
 
     def get_queryset(self) -> QuerySet:
         # One multi-valued join only, so the count is not multiplied by another.

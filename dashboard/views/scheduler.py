@@ -11,6 +11,7 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_POST
 
 from dashboard.access import staff_required
+from dashboard.forms import SchedulerListForm
 from fleet import scheduler, scheduler_policies
 from fleet.choices import GpuMode, SchedulerPolicyName, SchedulerScope
 from fleet.models import Gpu, GpuModel, Host, SchedulerPolicy
@@ -59,7 +60,8 @@ def scheduler_list(request):
     """Every vGPU-mode GPU: desired (and from where), reported, drift; `?drift=1` keeps drifting ones."""
     scheduler_policies.release_staged()
     rows = scheduler_policies.gpu_schedulers(scheduler_policies.vgpu_mode_gpus())
-    drift_only = request.GET.get("drift") == "1"
+    controls = SchedulerListForm(request.GET)
+    drift_only = controls.is_valid() and controls.cleaned_data["drift"] == "1"
     if drift_only:
         rows = [row for row in rows if row.has_drift]
     defaults = {row.host_id or ("m", row.gpu_model_id): row
@@ -69,8 +71,8 @@ def scheduler_list(request):
                for model in GpuModel.objects.filter(gpus__mode=GpuMode.VGPU).distinct().order_by("name")]
     return render(request, "fleet/scheduler_list.html", {
         "rows": rows, "drift_only": drift_only, "drift_count": sum(1 for row in rows if row.has_drift),
-        "hosts": hosts, "gpu_models": models_,
-    })
+        "hosts": hosts, "gpu_models": models_, "controls": controls,
+    }, status=200 if controls.is_valid() else 400)
 
 
 @staff_required

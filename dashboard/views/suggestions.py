@@ -1,6 +1,7 @@
 """The right-sizing suggestions page (`/sizing/suggestions/`) and its POST actions: staff only.
 
-The list is a `dashboard.listing.FilteredListView` over `sizing.queries.suggestions_for`,
+The list is a `dashboard.listing.TableListView` over `sizing.queries.suggestions_for` (its
+columns, orderings and export: `dashboard.tables.SuggestionTable`),
 filtered by the API's own `SuggestionFilterSet`, so the page and `GET /api/v1/suggestions/`
 agree on what a filter means. Above it, fleet-wide figures (`sizing.queries.suggestion_summary`).
 Each row's chart is drawn in the browser (static/js/suggestions.js) from the daily series of its
@@ -16,15 +17,16 @@ from dataclasses import dataclass
 
 from django.contrib import messages
 from django.db.models import Case, IntegerField, QuerySet, Value, When
-from django.http import HttpRequest, HttpResponseRedirect
+from django.http import HttpRequest, HttpResponseBadRequest, HttpResponseRedirect
 from django.shortcuts import get_object_or_404
 from django.urls import reverse
-from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_POST
 
 from config.celery import QueueUnavailable, send_from_request
+from dashboard import tables
 from dashboard.access import staff_required
-from dashboard.listing import Column, CsvColumn, FilteredListView
+from dashboard.forms import NextForm, SuggestionActionForm, field_errors
+from dashboard.listing import TableListView
 from fleet.choices import ResizeStatus
 from fleet.models import ResizeRequest, Vgpu
 from sizing import suggestions, tasks
@@ -89,64 +91,26 @@ def _chart(suggestion) -> dict:
     }
 
 
-def _safe_next(request: HttpRequest) -> str:
-    """Where a POST form goes back to: its `next` field when it is a path of this site, else the list."""
-    target = request.POST.get("next", "")
-    if target and url_has_allowed_host_and_scheme(target, allowed_hosts={request.get_host()},
-                                                  require_https=request.is_secure()):
-        return target
-    return reverse("sizing:suggestion-list")
+def _next(form: NextForm, request: HttpRequest) -> HttpResponseRedirect:
+    """Back to the list the form was sent from (its filters kept), or to the list."""
+    return HttpResponseRedirect(form.next_url(request, reverse("sizing:suggestion-list")))
 
 
-class SuggestionListView(FilteredListView):
+def _refused(form) -> HttpResponseBadRequest:
+    return HttpResponseBadRequest(f"Refused: {field_errors(form)}", content_type="text/plain; charset=utf-8")
+
+
+class SuggestionListView(TableListView):
     """Every VM's right-sizing suggestion: the advice, the figures behind it, where the new size
     fits and what it frees, with Accept and Dismiss."""
 
+    table_class = tables.SuggestionTable
     filterset_class = SuggestionFilterSet
     template_name = "sizing/suggestion_list.html"
     title = "Right-sizing"
     noun = "suggestions"
     csv_name = "suggestions"
     filter_fields = ("action", "host", "artist", "fits", "dismissed")
-    default_ordering = "action"
-    columns = (
-        Column("VM", "vm"),
-        Column("Artist", "artist"),
-        Column("Profile", title="Current profile → suggested profile"),
-        Column("Advice", "action"),
-        Column("Frame buffer", title="p95, peak and mean use over active hours, as % of the current profile"),
-        Column("GPU p95", num=True, title="95th percentile of GPU utilization over active hours, % of the GPU"),
-        Column("Encoder max", num=True, title="Highest hourly encoder utilization, %"),
-        Column("Fits", "fits", title="Where the suggested profile fits now"),
-        Column("GPUs", "gpus_delta", num=True,
-               title="GPUs freed (−) or needed (+) fleet-wide if this change alone were applied"),
-        Column("", title="Actions"),
-    )
-    orderings = {
-        "vm": ("vm__name",),
-        "artist": ("vm__artist__name", "vm__name"),
-        "action": ("action_rank", "gpus_delta", "vm__name"),
-        "fits": ("fits", "vm__name"),
-        "gpus_delta": ("gpus_delta", "vm__name"),
-    }
-    csv_columns = (
-        CsvColumn("vm", lambda s: s.vm.name),
-        CsvColumn("artist", lambda s: s.vm.artist.name if s.vm.artist else None),
-        CsvColumn("host", lambda s: s.vm.host.name if s.vm.host else None),
-        CsvColumn("current_profile", lambda s: s.current_profile.name if s.current_profile else None),
-        CsvColumn("suggested_profile", lambda s: s.suggested_profile.name if s.suggested_profile else None),
-        CsvColumn("suggested_vgpus", lambda s: s.suggested_vgpus),
-        CsvColumn("action", lambda s: s.action),
-        CsvColumn("fb_p95_pct", lambda s: s.figures.fb_p95_pct),
-        CsvColumn("fb_peak_pct", lambda s: s.figures.fb_peak_pct),
-        CsvColumn("fb_mean_pct", lambda s: s.figures.fb_mean_pct),
-        CsvColumn("util_gpu_p95_pct", lambda s: s.figures.util_gpu_p95_pct),
-        CsvColumn("enc_util_max_pct", lambda s: s.figures.enc_util_max_pct),
-        CsvColumn("fits", lambda s: s.fits),
-        CsvColumn("gpus_delta", lambda s: s.gpus_delta),
-        CsvColumn("reason", lambda s: s.reason),
-        CsvColumn("dismissed", lambda s: s.dismissed),
-    )
 
     def get_queryset(self) -> QuerySet:
         rank = Case(*(When(action=action, then=Value(n)) for action, n in ACTION_RANK.items()),
@@ -192,15 +156,17 @@ def charts_of(rows: list) -> dict:
 def accept(request: HttpRequest, pk: int):
     """File a resize request for the suggested profile."""
     suggestion = get_object_or_404(suggestions_for(request.user), pk=pk)
+    form = SuggestionActionForm(request.POST)
+    if not form.is_valid():
+        return _refused(form)
     try:
-        filed = suggestions.accept_suggestion(suggestion, request.user,
-                                              evidence_key=request.POST.get("evidence_key", "")[:64])
+        filed = suggestions.accept_suggestion(suggestion, request.user, evidence_key=form.cleaned_data["evidence_key"])
     except suggestions.SuggestionConflict as exc:
         messages.error(request, str(exc))
     else:
         messages.success(request, f"Request #{filed.pk} filed: {suggestion.vm.name} to "
                                   f"{filed.requested_vgpus} x {filed.requested_profile.name}, pending approval.")
-    return HttpResponseRedirect(_safe_next(request))
+    return _next(form, request)
 
 
 @require_POST
@@ -208,14 +174,16 @@ def accept(request: HttpRequest, pk: int):
 def dismiss(request: HttpRequest, pk: int):
     """Hide the suggestion until its evidence changes."""
     suggestion = get_object_or_404(suggestions_for(request.user), pk=pk)
+    form = SuggestionActionForm(request.POST)
+    if not form.is_valid():
+        return _refused(form)
     try:
-        suggestions.dismiss_suggestion(suggestion, request.user,
-                                       evidence_key=request.POST.get("evidence_key", "")[:64])
+        suggestions.dismiss_suggestion(suggestion, request.user, evidence_key=form.cleaned_data["evidence_key"])
     except suggestions.SuggestionConflict as exc:
         messages.error(request, str(exc))
     else:
         messages.success(request, f"Suggestion for {suggestion.vm.name} dismissed until its evidence changes.")
-    return HttpResponseRedirect(_safe_next(request))
+    return _next(form, request)
 
 
 @require_POST
@@ -223,15 +191,17 @@ def dismiss(request: HttpRequest, pk: int):
 def restore(request: HttpRequest, pk: int):
     """Show a dismissed suggestion again."""
     suggestion = get_object_or_404(suggestions_for(request.user), pk=pk)
+    form = NextForm(request.POST)
     suggestions.restore_suggestion(suggestion)
     messages.success(request, f"Suggestion for {suggestion.vm.name} restored.")
-    return HttpResponseRedirect(_safe_next(request))
+    return _next(form, request)
 
 
 @require_POST
 @staff_required
 def refresh(request: HttpRequest):
     """Recompute every suggestion now (small fleets) or hand the work to the worker (large ones)."""
+    form = NextForm(request.POST)
     subjects = Vgpu.objects.values("vm_id").distinct().count()
     if subjects <= SYNC_REFRESH_MAX_VMS:
         counts = suggestions.refresh_suggestions()
@@ -249,4 +219,4 @@ def refresh(request: HttpRequest):
         else:
             messages.success(request, f"Refreshing the suggestions of {subjects} VMs in the background; reload "
                                       "this page in a minute.")
-    return HttpResponseRedirect(_safe_next(request))
+    return _next(form, request)
