@@ -224,11 +224,16 @@ REST_FRAMEWORK = {
         "rest_framework.parsers.FormParser",
         "rest_framework.parsers.MultiPartParser",
     ],
+    # Unknown query parameters of a list are a 400; `?expand=`; FilterSets; `?ordering=` with an id
+    # tiebreak (config/api/filters.py).
     "DEFAULT_FILTER_BACKENDS": [
+        "config.api.filters.KnownParametersFilter",
+        "config.api.filters.ExpandFilter",
         "django_filters.rest_framework.DjangoFilterBackend",
-        "rest_framework.filters.OrderingFilter",
+        "config.api.filters.StableOrderingFilter",
     ],
-    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    # drf-spectacular's, documenting `?expand=` (config/api/schema.py).
+    "DEFAULT_SCHEMA_CLASS": "config.api.schema.AutoSchema",
     # Placement refusals -> 400, fleet changed under the request / object still in use -> 409.
     "EXCEPTION_HANDLER": "config.api.exceptions.exception_handler",
     "TEST_REQUEST_DEFAULT_FORMAT": "json",

@@ -338,6 +338,14 @@ def _vm_rules(gpu: GpuState, profile: ProfileSpec, vm: VmState) -> list[Violatio
     return violations
 
 
+def on_host(host_name: str, violation: Violation) -> Violation:
+    """`violation` with its message saying on which host it was found (the rule code unchanged)."""
+    prefix = f"On host {host_name}: "
+    if not host_name or violation.message.startswith(prefix):
+        return violation
+    return Violation(violation.rule, prefix + violation.message)
+
+
 def check_vm_fits_host(vm_name: str, vcpus: int, ram_gib: int, host: HostState) -> list[Violation]:
     """Whether a VM of this size fits the host's vCPU and RAM capacity beside the VMs already on it."""
     violations = []
@@ -362,10 +370,14 @@ def check_placement(gpu: GpuState, profile: ProfileSpec, vm: VmState, host: Host
     """Whether a new vGPU of `profile` for `vm` fits on `gpu` of `host`.
 
     Returns a Decision with every violation found (so the admin fixes them all at once)
-    and, when it fits, the placement ID the new vGPU takes.
+    and, when it fits, the placement ID the new vGPU takes. The refusals of the GPU's and the
+    VM's rules start "On host <name>: ", so a refusal read in a list of several (an approval that
+    tried every host, a script placing many vGPUs) says where; those of the host's capacity name
+    the host already.
     """
     decision = _gpu_rules(gpu, profile)
     decision.violations.extend(_vm_rules(gpu, profile, vm))
+    decision.violations[:] = [on_host(host.name, v) for v in decision.violations]
     # A VM not yet counted on this host moves there with this vGPU. Its recorded host, not
     # whether it holds vGPUs, says so: a VM left recorded on another host must fit this one.
     if vm.host_id != host.id:

@@ -6,13 +6,11 @@ from collections.abc import Callable
 
 from django.db import transaction
 from django.db.models import ProtectedError, QuerySet
-from django_filters.rest_framework import DjangoFilterBackend
 from drf_spectacular.utils import OpenApiResponse, extend_schema, extend_schema_view
 from rest_framework import mixins, viewsets
 
 from config.api.caching import CachedListMixin
 from config.api.exceptions import Conflict, in_use_message
-from config.api.filters import StableOrderingFilter
 from config.api.permissions import IsFleetAdminOrReadOnly
 from config.api.serializers import DetailSerializer, InvalidOrRefusedSerializer, PlacementErrorSerializer
 from fleet import audit, filtersets, queries, services
@@ -37,7 +35,6 @@ class FleetViewSetMixin(CachedListMixin):
     responses to writes rendered from a fresh read (so annotated figures are current)."""
 
     permission_classes = [IsFleetAdminOrReadOnly]
-    filter_backends = [DjangoFilterBackend, StableOrderingFilter]
     #: `fleet.queries` function returning the rows a user may see.
     scoped_queryset: Callable[..., QuerySet]
 

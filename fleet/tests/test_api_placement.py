@@ -52,7 +52,7 @@ def test_refusal_names_the_rule_and_the_numbers_and_writes_nothing(admin_api, gp
 
     assert response.status_code == 400
     body = response.json()
-    message = "RTX6000-12Q needs 12288 MiB; GPU 00000000:3B:00.0 has 8192 MiB free of 24576 MiB"
+    message = "On host render-01: RTX6000-12Q needs 12288 MiB; GPU 00000000:3B:00.0 has 8192 MiB free of 24576 MiB"
     assert message in body["detail"]
     assert {"rule": "frame_buffer", "message": message} in body["violations"]
     assert "equal_size" in {v["rule"] for v in body["violations"]}
