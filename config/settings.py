@@ -218,6 +218,12 @@ REST_FRAMEWORK = {
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
     "DEFAULT_PAGINATION_CLASS": "config.api.pagination.FleetPagination",
+    # JSON, the browsable API, and `?format=csv` through the one CSV writer (config/csv_export.py).
+    "DEFAULT_RENDERER_CLASSES": [
+        "rest_framework.renderers.JSONRenderer",
+        "rest_framework.renderers.BrowsableAPIRenderer",
+        "config.csv_export.CsvRenderer",
+    ],
     # DRF's parsers, with a nesting limit on JSON bodies (config/api/).
     "DEFAULT_PARSER_CLASSES": [
         "config.api.JSONParser",
