@@ -59,14 +59,21 @@ class Violation:
 
 
 class PlacementError(Refusal):
-    """Raised by services when the rules refuse a change; carries every violation found."""
+    """Raised by services when the rules refuse a change; carries every violation found and,
+    for a placement on a GPU, the name of the host asked about: the text then starts
+    "On host <name>: " and each violation's dict carries `host`, so a refusal read among several
+    (a script placing many vGPUs, an approval that tried every host) says where. The violations'
+    own messages stay as they are (a form beside the chosen GPU shows them)."""
 
-    def __init__(self, violations: list[Violation]):
+    def __init__(self, violations: list[Violation], host: str = ""):
         self.violations = list(violations)
-        super().__init__("; ".join(v.message for v in self.violations))
+        self.host = host
+        text = "; ".join(v.message for v in self.violations)
+        super().__init__(f"On host {host}: {text}" if host else text)
 
     def violation_dicts(self) -> list[dict]:
-        return [{"rule": v.rule, "message": v.message} for v in self.violations]
+        where = {"host": self.host} if self.host else {}
+        return [{"rule": v.rule, "message": v.message, **where} for v in self.violations]
 
     @property
     def rules(self) -> list[str]:
@@ -183,6 +190,8 @@ class Decision:
 
     violations: list[Violation] = field(default_factory=list)
     placement_id: int | None = None
+    #: The host asked about (named by the refusal), where the question was about one.
+    host_name: str = ""
 
     @property
     def ok(self) -> bool:
@@ -190,7 +199,7 @@ class Decision:
 
     def raise_if_refused(self) -> Decision:
         if self.violations:
-            raise PlacementError(self.violations)
+            raise PlacementError(self.violations, host=self.host_name)
         return self
 
 
@@ -338,14 +347,6 @@ def _vm_rules(gpu: GpuState, profile: ProfileSpec, vm: VmState) -> list[Violatio
     return violations
 
 
-def on_host(host_name: str, violation: Violation) -> Violation:
-    """`violation` with its message saying on which host it was found (the rule code unchanged)."""
-    prefix = f"On host {host_name}: "
-    if not host_name or violation.message.startswith(prefix):
-        return violation
-    return Violation(violation.rule, prefix + violation.message)
-
-
 def check_vm_fits_host(vm_name: str, vcpus: int, ram_gib: int, host: HostState) -> list[Violation]:
     """Whether a VM of this size fits the host's vCPU and RAM capacity beside the VMs already on it."""
     violations = []
@@ -370,20 +371,17 @@ def check_placement(gpu: GpuState, profile: ProfileSpec, vm: VmState, host: Host
     """Whether a new vGPU of `profile` for `vm` fits on `gpu` of `host`.
 
     Returns a Decision with every violation found (so the admin fixes them all at once)
-    and, when it fits, the placement ID the new vGPU takes. The refusals of the GPU's and the
-    VM's rules start "On host <name>: ", so a refusal read in a list of several (an approval that
-    tried every host, a script placing many vGPUs) says where; those of the host's capacity name
-    the host already.
+    and, when it fits, the placement ID the new vGPU takes.
     """
     decision = _gpu_rules(gpu, profile)
     decision.violations.extend(_vm_rules(gpu, profile, vm))
-    decision.violations[:] = [on_host(host.name, v) for v in decision.violations]
     # A VM not yet counted on this host moves there with this vGPU. Its recorded host, not
     # whether it holds vGPUs, says so: a VM left recorded on another host must fit this one.
     if vm.host_id != host.id:
         decision.violations.extend(check_vm_fits_host(vm.name, vm.vcpus, vm.ram_gib, host))
     if decision.violations:
         decision.placement_id = None
+    decision.host_name = host.name
     return decision
 
 

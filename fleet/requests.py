@@ -172,8 +172,7 @@ def _place_all(request: ResizeRequest) -> list[Vgpu]:
                     else:
                         raise refused or PlacementError([Violation(placement.Rule.PLACEMENT_SLOT, "no room")])
         except PlacementError as exc:
-            # Each message names its host (`placement.check_placement`), the capacity ones included.
-            refusals.append(f"{'; '.join(v.message for v in exc.violations)}.")
+            refusals.append(f"On {gpus[0].host.name}: {'; '.join(v.message for v in exc.violations)}.")
             continue
         return placed
     raise services.FleetConflict([Violation(

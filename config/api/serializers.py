@@ -13,6 +13,8 @@ from config.api.filters import requested_expansions
 class ViolationSerializer(serializers.Serializer):
     rule = serializers.CharField(help_text="Stable code of the rule, e.g. frame_buffer, max_per_gpu, host_vcpu")
     message = serializers.CharField(help_text="The refusal with the numbers behind it")
+    host = serializers.CharField(required=False, help_text="The host the placement was refused on (placements on "
+                                                           "a GPU), as the `detail` names it")
 
 
 class PlacementErrorSerializer(serializers.Serializer):

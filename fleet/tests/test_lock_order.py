@@ -157,7 +157,7 @@ def test_two_approvals_for_the_last_slot_one_wins_the_other_names_the_taken_gpu(
     assert (won.status_code, lost.status_code) == (200, 409), [won.content, lost.content]
     reason = lost.json()["detail"]
     assert reason.startswith("No GPU has room for 1 x RTX6000-24Q for ws-solo now. On host-a: ")
-    assert "On host host-b: RTX6000-24Q needs 24576 MiB; GPU 00000000:AF:00.0 has 0 MiB free" in reason
+    assert "On host-b: RTX6000-24Q needs 24576 MiB; GPU 00000000:AF:00.0 has 0 MiB free" in reason
     assert "RTX6000-24Q allows 1 per GPU; GPU 00000000:AF:00.0 already has 1." in reason
     assert placed(studio.kai) == [("host-b", "00000000:AF:00.0", "RTX6000-24Q")]
     assert placed(studio.solo) == [("host-a", "00000000:5E:00.0", "RTX6000-12Q")]
