@@ -1,6 +1,7 @@
 """The schema class of every API view (REST_FRAMEWORK["DEFAULT_SCHEMA_CLASS"]): drf-spectacular's,
-documenting `?expand=` on the reads of resources that have related objects (`config.api.filters`),
-and `text/csv` (`?format=csv`) on lists only: elsewhere CSV is a fallback of `field,value` rows."""
+documenting `?expand=` on the reads of resources that have related objects (`config.api.filters`).
+Every operation lists `text/csv` (`?format=csv`): a list as a table, anything else (one object, an
+error) as `field,value` rows (config/csv_export.py)."""
 
 from __future__ import annotations
 
@@ -12,12 +13,6 @@ from config.api.filters import EXPAND_PARAM, expandable_fields
 
 
 class AutoSchema(SpectacularAutoSchema):
-    def map_renderers(self, attribute):
-        media_types = super().map_renderers(attribute)
-        if self._is_list_view():
-            return media_types
-        return [media_type for media_type in media_types if not str(media_type).startswith("text/csv")]
-
     def get_override_parameters(self):
         parameters = list(super().get_override_parameters())
         expandable = expandable_fields(self.view)

@@ -85,7 +85,7 @@ def parse_heatmap_query(request: Request) -> HeatmapQuery:
             host_id = visible.filter(pk=parsing.parse_int(host_raw)).values_list("pk", flat=True).first()
         except parsing.ParseError:
             host_id = None
-        if host_id is None:
+        if host_id is None and "\x00" not in host_raw:  # PostgreSQL refuses NUL in a string literal
             host_id = visible.filter(name=host_raw).values_list("pk", flat=True).first()
         if host_id is None:
             errors["host"] = [f"No host with the id or name {host_raw!r} that you may see."]
