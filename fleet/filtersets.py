@@ -56,7 +56,8 @@ class IdOrNameField(django_filters.fields.ModelChoiceField):
             except forms.ValidationError:
                 pass  # perhaps a name made of digits
         noun = self.queryset.model._meta.verbose_name
-        for field in self.name_fields:
+        fields = {field.name for field in self.queryset.model._meta.get_fields()}
+        for field in (name for name in self.name_fields if name in fields):
             matches = list(self.queryset.filter(**{field: text})[:2])
             if len(matches) == 1:
                 return matches[0]
@@ -196,7 +197,7 @@ class VirtualMachineFilterSet(django_filters.FilterSet):
 
 class VgpuFilterSet(django_filters.FilterSet):
     vm = _choice_of(queries.visible_vms)
-    gpu = _choice_of(queries.visible_gpus)
+    gpu = _choice_of(queries.visible_gpus, name_fields=("uuid",))
     profile = IdOrNameFilter(queryset=VgpuProfile.objects.all())
     host = _choice_of(queries.visible_hosts, field_name="gpu__host", label="Host")
 

@@ -26,7 +26,7 @@ class FleetPagination(LimitOffsetPagination):
             raise ValidationError({name: [str(exc)]}) from None
 
     def paginate_queryset(self, queryset, request, view=None):
-        # `?format=csv` is an export: every matching row, one table (config.csv_export.CsvRenderer).
+        # `?format=csv` is an export: every matching row, one table (the CsvRenderer of the CSV module).
         if getattr(getattr(request, "accepted_renderer", None), "format", None) == "csv":
             return None
         return super().paginate_queryset(queryset, request, view)

@@ -1,7 +1,7 @@
 """The schema class of every API view (REST_FRAMEWORK["DEFAULT_SCHEMA_CLASS"]): drf-spectacular's,
 documenting `?expand=` on the reads of resources that have related objects (`config.api.filters`).
-Every operation lists `text/csv` (`?format=csv`): a list as a table, anything else (one object, an
-error) as `field,value` rows (config/csv_export.py)."""
+Every operation lists the CSV media type (`?format=csv`): a list as a table, anything else (one object, an
+error) as `field,value` rows (the one CSV writer, `CsvRenderer`)."""
 
 from __future__ import annotations
 
