@@ -113,18 +113,22 @@ def formula_cells(rows: list[list[str]]) -> list[str]:
     return [cell for row in rows for cell in row if cell.startswith(DANGEROUS) and not NUMBER.fullmatch(cell)]
 
 
+def assert_safe_and_kept(url: str, rows: list[list[str]], columns: tuple[str, ...]) -> None:
+    """No cell of `rows` is a formula, and each payload is in each of `columns` behind a quote."""
+    assert len(rows) > 1, f"{url} exported nothing"
+    assert not formula_cells(rows), f"{url} exports formulas: {formula_cells(rows)}"
+    header, *data = rows
+    for column in columns:
+        values = {row[header.index(column)] for row in data}
+        missing = {"'" + text for text in PAYLOADS} - values
+        assert not missing, f"{url} column {column}: {missing} not kept behind a quote"
+
+
 def test_no_cell_of_any_export_is_a_formula_and_every_text_is_kept(staff, evil):
     for urls, columns in EXPORTS.values():
         for url_of in urls:
             url = url_of(staff, evil)
-            rows = download(staff, url)
-            assert len(rows) > 1, f"{url} exported nothing"
-            assert not formula_cells(rows), f"{url} exports formulas: {formula_cells(rows)}"
-            header, *data = rows
-            for column in columns:
-                values = {row[header.index(column)] for row in data}
-                missing = {"'" + text for text in PAYLOADS} - values
-                assert not missing, f"{url} column {column}: {missing} not kept behind a quote"
+            assert_safe_and_kept(url, download(staff, url), columns)
 
 
 #: The API's lists whose rows carry text a user, a client or an agent sets: `?format=csv` of each
@@ -140,14 +144,7 @@ def test_no_cell_of_any_api_list_is_a_formula(staff, evil):
     for resource, columns in API_LISTS.items():
         extra = {"hosts": "", "suggestions": "&dismissed=all"}.get(resource, "&expand=all")
         url = f"/api/v1/{resource}/?format=csv{extra}"
-        rows = download(staff, url)
-        assert len(rows) > 1, f"{url} exported nothing"
-        assert not formula_cells(rows), f"{url} exports formulas: {formula_cells(rows)}"
-        header, *data = rows
-        for column in columns:
-            values = {row[header.index(column)] for row in data}
-            missing = {"'" + text for text in PAYLOADS} - values
-            assert not missing, f"{url} column {column}: {missing} not kept behind a quote"
+        assert_safe_and_kept(url, download(staff, url), columns)
 
 
 def test_audit_json_cells_are_checked_on_their_final_text(staff, evil):
