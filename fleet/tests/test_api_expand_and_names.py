@@ -137,3 +137,13 @@ def test_expand_is_documented_in_the_schema(admin_api):
     assert "host, gpu_model" in gpu_list["expand"]["description"]
     assert "expand" in {p["name"] for p in schema["paths"]["/api/v1/gpus/{id}/"]["get"]["parameters"]}
     assert "expand" not in host_list, "hosts have no related object to expand"
+
+
+def test_a_gpu_is_named_by_its_uuid_and_a_wrong_one_is_a_400(admin_api, named):
+    _, l40s, *_ = named
+
+    by_uuid = admin_api.get("/api/v1/vgpus/", {"gpu": l40s.uuid})
+
+    assert [row["gpu"] for row in by_uuid.json()["results"]] == [l40s.pk]
+    for value in ("0", "abc", "nan"):
+        assert admin_api.get("/api/v1/vgpus/", {"gpu": value, "format": "csv"}).status_code == 400, value
