@@ -1,5 +1,6 @@
 """CSV exports a spreadsheet opens safely: the one writer behind every `?format=csv` of the
-dashboard (the list pages of `dashboard.listing` and the audit log's API).
+dashboard (the list pages of `dashboard.listing`) and of the API (every list, `CsvRenderer`; the
+audit log streams its own rows through `csv_response`).
 
 A spreadsheet runs a cell whose text starts with `=`, `+`, `-` or `@` as a formula, and
 Excel and LibreOffice also do after a leading tab or carriage return. A VM named
@@ -18,12 +19,14 @@ other text's).
 from __future__ import annotations
 
 import csv
+import json
 from collections.abc import Iterable, Iterator, Sequence
 from decimal import Decimal
 from itertools import islice
 from typing import Any
 
 from django.http import StreamingHttpResponse
+from django.utils import timezone
 from rest_framework.renderers import BaseRenderer
 
 #: A spreadsheet runs a cell starting with one of these as a formula.
@@ -86,11 +89,36 @@ def _field_rows(data: Any, field: str = "") -> Iterator[tuple[str, Any]]:
         yield field, data
 
 
+def flat_row(row: dict, prefix: str = "") -> dict[str, Any]:
+    """One API object as the cells of one CSV row: a nested object's fields as `field.sub`
+    columns (`host.display` of `?expand=host`), a list as its JSON text in one cell."""
+    cells: dict[str, Any] = {}
+    for key, value in row.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            cells.update(flat_row(value, f"{name}."))
+        elif isinstance(value, list | tuple):
+            cells[name] = json.dumps(value, sort_keys=True, default=str)
+        else:
+            cells[name] = value
+    return cells
+
+
+def table_lines(rows: Sequence[dict]) -> Iterator[str]:
+    """A list of API objects as a table: one column per field (in the order first seen), one
+    line per object; a field an object lacks (a null nested object) is an empty cell."""
+    flat = [flat_row(row) for row in rows]
+    header = list(dict.fromkeys(name for row in flat for name in row))
+    return csv_lines(header, [[[row.get(name) for name in header] for row in flat]])
+
+
 class CsvRenderer(BaseRenderer):
-    """`?format=csv` for DRF views. A view streams its export itself (`csv_response`); whatever
-    else reaches the renderer (one object, an error's messages, which may echo what the caller
-    typed) is written as `field,value` rows through `spreadsheet_cell`, so no answer served as
-    text/csv carries a live formula."""
+    """`?format=csv` for DRF views. A list (which the API's pagination leaves whole for CSV,
+    `config.api.pagination`) is a table of its objects, downloaded as `<resource>-<date>.csv`;
+    whatever else reaches the renderer (one object, an error's messages, which may echo what the
+    caller typed) is written as `field,value` rows. Every cell goes through `spreadsheet_cell`,
+    so no answer served as text/csv carries a live formula. A view may stream its export itself
+    (`csv_response`, the audit log)."""
 
     media_type = "text/csv"
     format = "csv"
@@ -99,4 +127,11 @@ class CsvRenderer(BaseRenderer):
     def render(self, data, accepted_media_type=None, renderer_context=None) -> bytes:
         if data is None:
             return b""
+        if isinstance(data, list) and all(isinstance(row, dict) for row in data):
+            response = (renderer_context or {}).get("response")
+            view = (renderer_context or {}).get("view")
+            if response is not None and response.status_code == 200:
+                name = getattr(view, "basename", None) or "export"
+                response["Content-Disposition"] = f'attachment; filename="{name}-{timezone.localdate()}.csv"'
+            return "".join(table_lines(data)).encode()
         return "".join(csv_lines(("field", "value"), [_field_rows(data)])).encode()

@@ -219,17 +219,28 @@ REST_FRAMEWORK = {
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
     "DEFAULT_PAGINATION_CLASS": "config.api.pagination.FleetPagination",
+    # JSON, the browsable API, and `?format=csv` through the one CSV writer (config/csv_export.py).
+    "DEFAULT_RENDERER_CLASSES": [
+        "rest_framework.renderers.JSONRenderer",
+        "rest_framework.renderers.BrowsableAPIRenderer",
+        "config.csv_export.CsvRenderer",
+    ],
     # DRF's parsers, with a nesting limit on JSON bodies (config/api/).
     "DEFAULT_PARSER_CLASSES": [
         "config.api.JSONParser",
         "rest_framework.parsers.FormParser",
         "rest_framework.parsers.MultiPartParser",
     ],
+    # Unknown query parameters of a list are a 400; `?expand=`; FilterSets; `?ordering=` with an id
+    # tiebreak (config/api/filters.py).
     "DEFAULT_FILTER_BACKENDS": [
+        "config.api.filters.KnownParametersFilter",
+        "config.api.filters.ExpandFilter",
         "django_filters.rest_framework.DjangoFilterBackend",
-        "rest_framework.filters.OrderingFilter",
+        "config.api.filters.StableOrderingFilter",
     ],
-    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    # drf-spectacular's, documenting `?expand=` (config/api/schema.py).
+    "DEFAULT_SCHEMA_CLASS": "config.api.schema.AutoSchema",
     # Placement refusals -> 400, fleet changed under the request / object still in use -> 409.
     "EXCEPTION_HANDLER": "config.api.exceptions.exception_handler",
     "TEST_REQUEST_DEFAULT_FORMAT": "json",

@@ -47,6 +47,7 @@ urlpatterns = [
         views={"heatmap": "heatmap-api", "sizing-plan": "sizing-plan", "ingest-nvidia-smi": "ingest-nvidia-smi"},
         templates={"gpu-metrics": "/api/v1/gpus/{id}/metrics/", "vm-metrics": "/api/v1/vms/{id}/metrics/",
                    "gpu-scheduler": "/api/v1/gpus/{id}/scheduler/",
+                   "gpu-scheduler-apply": "/api/v1/gpus/{id}/scheduler/apply/",
                    "host-scheduler-default": "/api/v1/hosts/{id}/scheduler/",
                    "gpu-model-scheduler-default": "/api/v1/gpu-models/{id}/scheduler/"},
     ), name="api-root"),

@@ -1,10 +1,11 @@
 """FilterSets of the fleet inventory, one per model, shared by the REST API and the HTML lists.
 
-Query parameters are the model's field names (`?host=3&mode=vgpu`); foreign keys take ids, and
-an unknown id or choice is a 400, not an empty list. `name` filters match a part of the name,
-case-insensitively; `q` (NetBox's search parameter) matches a part of any of a few names of
-the row at once, as the search box of a list page does. Ordering is not here: the API's
-OrderingFilter takes `?ordering=`.
+Query parameters are the model's field names (`?host=3&mode=vgpu`); foreign keys take an id or
+a name (`?host=gpu-node-01`, `?gpu_model=L40S`, `?profile=L40S-12Q`, `?artist=Ana Artist`: see
+`IdOrNameFilter`), and an unknown id, name or choice is a 400 naming the value, not an empty list.
+`name` filters match a part of the name, case-insensitively; `q` (NetBox's search parameter)
+matches a part of any of a few names of the row at once, as the search box of a list page does.
+Ordering is not here: the API's OrderingFilter takes `?ordering=`.
 
 The choices of a filter on a host, GPU, VM, artist or user are what the requesting user may
 see (`fleet.queries.visible_*`): an artist's filter form never lists other artists' VMs, and
@@ -21,6 +22,7 @@ from config import parsing
 from fleet import queries
 from fleet.choices import AuditSource, GpuMode, Hypervisor, Series, SizeMode, UserType, Workflow
 from fleet.models import Artist, AuditEvent, Gpu, GpuModel, Host, Vgpu, VgpuProfile, VirtualMachine
+from fleet.pci import InvalidPciBusId, normalize_pci_bus_id
 
 
 def visible_to_requester(visible):
@@ -32,8 +34,71 @@ def visible_to_requester(visible):
     return queryset
 
 
-def _choice_of(visible, **kwargs) -> django_filters.ModelChoiceFilter:
-    return django_filters.ModelChoiceFilter(queryset=visible_to_requester(visible), **kwargs)
+class IdOrNameField(django_filters.fields.ModelChoiceField):
+    """A choice of one row by its id or by one of its names (`name_fields`, tried in order).
+
+    ASCII digits are an id first (a host named "3" is still reached by its id when no row has
+    id 3). A name two visible rows share is a 400 asking for the id; nothing matching is the
+    form's `invalid_choice`, with the value and the kind of row it was looked up as."""
+
+    def __init__(self, *args, name_fields: tuple[str, ...] = ("name",), **kwargs):
+        self.name_fields = name_fields
+        super().__init__(*args, **kwargs)
+
+    def to_python(self, value):
+        if value in self.empty_values:
+            return None
+        text = str(value).strip()
+        self.validate_no_null_characters(text)
+        if text.isascii() and text.isdigit():
+            try:
+                return super().to_python(text)
+            except forms.ValidationError:
+                pass  # perhaps a name made of digits
+        noun = self.queryset.model._meta.verbose_name
+        fields = {field.name for field in self.queryset.model._meta.get_fields()}
+        for field in (name for name in self.name_fields if name in fields):
+            matches = list(self.queryset.filter(**{field: text})[:2])
+            if len(matches) == 1:
+                return matches[0]
+            if matches:
+                raise forms.ValidationError(
+                    f"Several {self.queryset.model._meta.verbose_name_plural} have the {field} {text!r}: use the id.",
+                    code="ambiguous")
+        raise forms.ValidationError(
+            f"{self.error_messages['invalid_choice']} No {noun} has the id or name {text!r} (or you may not see it).",
+            code="invalid_choice")
+
+
+class IdOrNameFilter(django_filters.ModelChoiceFilter):
+    """`?host=3` or `?host=gpu-node-01`: a foreign key by id or name (`IdOrNameField`)."""
+
+    field_class = IdOrNameField
+
+
+def _choice_of(visible, **kwargs) -> IdOrNameFilter:
+    return IdOrNameFilter(queryset=visible_to_requester(visible), **kwargs)
+
+
+class PciBusIdField(forms.CharField):
+    """A PCI bus id in any spelling, read in NVML's (`fleet.pci`); anything else is the form's error."""
+
+    def to_python(self, value):
+        text = super().to_python(value)
+        if not text:
+            return None
+        try:
+            return normalize_pci_bus_id(text)
+        except InvalidPciBusId as exc:
+            raise forms.ValidationError(str(exc), code="invalid") from None
+
+
+class PciBusIdFilter(django_filters.CharFilter):
+    field_class = PciBusIdField
+
+
+#: GPU models are named as nvidia-smi names them ("NVIDIA L40S") or by their code ("L40S").
+GPU_MODEL_NAMES = ("name", "code")
 
 
 def search_filter(*fields: str, placeholder: str) -> django_filters.CharFilter:
@@ -65,6 +130,7 @@ class GpuModelFilterSet(django_filters.FilterSet):
 
 class VgpuProfileFilterSet(django_filters.FilterSet):
     name = django_filters.CharFilter(lookup_expr="icontains")
+    gpu_model = IdOrNameFilter(queryset=GpuModel.objects.all(), name_fields=GPU_MODEL_NAMES)
     series = django_filters.ChoiceFilter(choices=Series.choices)
     fb_mib__gte = django_filters.NumberFilter(
         field_name="fb_mib", lookup_expr="gte", label="Frame buffer at least (MiB)",
@@ -93,6 +159,8 @@ class GpuFilterSet(django_filters.FilterSet):
 
     q = search_filter("uuid", "pci_bus_id", "host__name", placeholder="UUID, PCI bus id or host")
     host = _choice_of(queries.visible_hosts)
+    gpu_model = IdOrNameFilter(queryset=GpuModel.objects.all(), name_fields=GPU_MODEL_NAMES)
+    pci_bus_id = PciBusIdFilter(help_text="Any spelling of the bus id: 0000:3b:00.0 finds 00000000:3B:00.0")
     mode = django_filters.ChoiceFilter(choices=GpuMode.choices)
     size_mode = django_filters.ChoiceFilter(choices=SizeMode.choices)
 
@@ -104,7 +172,7 @@ class GpuFilterSet(django_filters.FilterSet):
 class ArtistFilterSet(django_filters.FilterSet):
     q = search_filter("name", "user__username", placeholder="Name or user name")
     name = django_filters.CharFilter(lookup_expr="icontains")
-    user = _choice_of(queries.visible_users)
+    user = _choice_of(queries.visible_users, name_fields=("username",))
     workflow = django_filters.ChoiceFilter(choices=Workflow.choices)
     user_type = django_filters.ChoiceFilter(choices=UserType.choices)
 
@@ -129,7 +197,8 @@ class VirtualMachineFilterSet(django_filters.FilterSet):
 
 class VgpuFilterSet(django_filters.FilterSet):
     vm = _choice_of(queries.visible_vms)
-    gpu = _choice_of(queries.visible_gpus)
+    gpu = _choice_of(queries.visible_gpus, name_fields=("uuid",))
+    profile = IdOrNameFilter(queryset=VgpuProfile.objects.all())
     host = _choice_of(queries.visible_hosts, field_name="gpu__host", label="Host")
 
     class Meta:

@@ -8,6 +8,7 @@ one row's invariants (database constraints) and turn rows into the placement dat
 import uuid
 
 from django.conf import settings
+from django.core.exceptions import ValidationError
 from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 from django.db.models import Q
@@ -27,6 +28,7 @@ from fleet.choices import (
     UserType,
     Workflow,
 )
+from fleet.pci import InvalidPciBusId, canonical_pci_bus_id, normalize_pci_bus_id
 
 
 class GpuModel(models.Model):
@@ -156,6 +158,14 @@ class Host(models.Model):
         return self.name
 
 
+def validate_pci_bus_id(value: str) -> None:
+    """A PCI bus id in any spelling `fleet.pci` reads (the form, the admin site and the API)."""
+    try:
+        normalize_pci_bus_id(value)
+    except InvalidPciBusId as exc:
+        raise ValidationError(str(exc), code="invalid") from None
+
+
 class Gpu(models.Model):
     """One physical GPU in a host (an A16 board shows up as four of these)."""
 
@@ -164,7 +174,9 @@ class Gpu(models.Model):
     uuid = models.CharField(
         "UUID", max_length=80, blank=True, help_text="GPU UUID as NVML reports it (GPU-...)",
     )
-    pci_bus_id = models.CharField("PCI bus id", max_length=32, help_text="e.g. 00000000:3B:00.0")
+    # Stored in NVML's form (`fleet.pci`), whichever spelling was given, so that one GPU is one row.
+    pci_bus_id = models.CharField("PCI bus id", max_length=32, validators=[validate_pci_bus_id],
+                                  help_text="e.g. 00000000:3B:00.0 (0000:3b:00.0 is read as the same)")
     mode = models.CharField(max_length=12, choices=GpuMode.choices, default=GpuMode.VGPU)
     size_mode = models.CharField(max_length=8, choices=SizeMode.choices, default=SizeMode.EQUAL)
     created_at = models.DateTimeField(auto_now_add=True)
@@ -189,8 +201,20 @@ class Gpu(models.Model):
             ),
         ]
 
+    #: What __str__ reads: joined when an API answer shows a GPU by name (`?expand=`).
+    display_related = ("host", "gpu_model")
+
     def __str__(self):
         return f"{self.host.name} {self.pci_bus_id} ({self.gpu_model.name})"
+
+    def save(self, *args, **kwargs):
+        self.pci_bus_id = canonical_pci_bus_id(self.pci_bus_id)
+        super().save(*args, **kwargs)
+
+    def clean(self):
+        # Before the unique check of (host, pci_bus_id): 0000:3b:00.0 collides with 00000000:3B:00.0.
+        super().clean()
+        self.pci_bus_id = canonical_pci_bus_id(self.pci_bus_id)
 
     @property
     def label(self) -> str:
@@ -262,6 +286,8 @@ class Vgpu(models.Model):
         ]
         indexes = [models.Index(fields=["vm"], name="vgpu_vm_idx")]
 
+    display_related = ("profile", "vm")
+
     def __str__(self):
         return f"{self.profile.name} for {self.vm.name}"
 
@@ -315,6 +341,8 @@ class ResizeRequest(models.Model):
             ),
         ]
         indexes = [models.Index(fields=["status", "created_at"], name="resizerequest_status_idx")]
+
+    display_related = ("vm", "requested_profile")
 
     def __str__(self):
         return f"{self.vm.name} -> {self.requested_profile.name} ({self.get_status_display()})"

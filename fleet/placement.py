@@ -60,14 +60,21 @@ class Violation:
 
 
 class PlacementError(Refusal):
-    """Raised by services when the rules refuse a change; carries every violation found."""
+    """Raised by services when the rules refuse a change; carries every violation found and,
+    for a placement on a GPU, the name of the host asked about: the text then starts
+    "On host <name>: " and each violation's dict carries `host`, so a refusal read among several
+    (a script placing many vGPUs, an approval that tried every host) says where. The violations'
+    own messages stay as they are (a form beside the chosen GPU shows them)."""
 
-    def __init__(self, violations: list[Violation]):
+    def __init__(self, violations: list[Violation], host: str = ""):
         self.violations = list(violations)
-        super().__init__("; ".join(v.message for v in self.violations))
+        self.host = host
+        text = "; ".join(v.message for v in self.violations)
+        super().__init__(f"On host {host}: {text}" if host else text)
 
     def violation_dicts(self) -> list[dict]:
-        return [{"rule": v.rule, "message": v.message} for v in self.violations]
+        where = {"host": self.host} if self.host else {}
+        return [{"rule": v.rule, "message": v.message, **where} for v in self.violations]
 
     @property
     def rules(self) -> list[str]:
@@ -188,6 +195,8 @@ class Decision:
 
     violations: list[Violation] = field(default_factory=list)
     placement_id: int | None = None
+    #: The host asked about (named by the refusal), where the question was about one.
+    host_name: str = ""
 
     @property
     def ok(self) -> bool:
@@ -195,7 +204,7 @@ class Decision:
 
     def raise_if_refused(self) -> Decision:
         if self.violations:
-            raise PlacementError(self.violations)
+            raise PlacementError(self.violations, host=self.host_name)
         return self
 
 
@@ -393,6 +402,7 @@ def check_placement(gpu: GpuState, profile: ProfileSpec, vm: VmState, host: Host
         decision.violations.extend(check_vm_fits_host(vm.name, vm.vcpus, vm.ram_gib, host))
     if decision.violations:
         decision.placement_id = None
+    decision.host_name = host.name
     return decision
 
 

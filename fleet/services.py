@@ -24,11 +24,12 @@ from fleet.models import Gpu, Host, Vgpu, VgpuProfile, VirtualMachine
 from fleet.placement import PlacementError, Rule, Violation
 
 
-def _refuse(violations: list[Violation], *, locked: bool) -> None:
+def _refuse(violations: list[Violation], *, locked: bool, host: str = "") -> None:
     """Raise for `violations`, if any: PlacementError when found before the locks (the change
-    itself is refused), FleetConflict when found only under them (the fleet changed meanwhile)."""
+    itself is refused), FleetConflict when found only under them (the fleet changed meanwhile);
+    `host`: the host they were found on, which the refusal names."""
     if violations:
-        raise (FleetConflict if locked else PlacementError)(violations)
+        raise (FleetConflict if locked else PlacementError)(violations, host=host)
 
 
 def gpu_state(gpu: Gpu) -> placement.GpuState:
@@ -96,7 +97,7 @@ def place_vgpu(vm: VirtualMachine, gpu: Gpu, profile: VgpuProfile) -> Vgpu:
             decision = placement.check_placement(
                 gpu_state(gpu), profile.to_spec(), vm_state(vm), host_state(host, exclude_vm_id=vm.pk),
             )
-            _refuse(decision.violations, locked=True)
+            _refuse(decision.violations, locked=True, host=host.name)
             if vm.host_id != host.pk:
                 vm.host = host
                 vm.save(update_fields=["host"])

@@ -1,15 +1,16 @@
 """FilterSets of sizing, shared by the REST API and the HTML pages (as `fleet.filtersets`).
 
 Query parameters follow the suggestion's own fields: `?action=downsize&host=3&fits=move`, `?vm=12`.
-Foreign keys take ids, and the choices of `host` and `artist` are what the requesting user may
-see (`fleet.queries.visible_*`), so naming another artist is the same 400 as naming nobody.
+Foreign keys take an id or a name (`?host=gpu-node-01`, `?artist=Ana Artist`), and the choices
+of `host` and `artist` are what the requesting user may see (`fleet.queries.visible_*`), so
+naming another artist is the same 400 as naming nobody.
 """
 
 import django_filters
 from django.db.models import QuerySet
 
 from fleet import queries as fleet_queries
-from fleet.filtersets import visible_to_requester
+from fleet.filtersets import IdOrNameFilter, visible_to_requester
 from sizing.choices import Fits
 from sizing.models import Suggestion, SuggestionAction
 
@@ -31,12 +32,12 @@ class SuggestionFilterSet(django_filters.FilterSet):
     `dismissed` says otherwise: the default of the page and of the API alike.
     """
 
-    vm = django_filters.ModelChoiceFilter(label="VM", queryset=visible_to_requester(fleet_queries.visible_vms))
+    vm = IdOrNameFilter(label="VM", queryset=visible_to_requester(fleet_queries.visible_vms))
     action = django_filters.ChoiceFilter(choices=SuggestionAction.choices)
-    host = django_filters.ModelChoiceFilter(
+    host = IdOrNameFilter(
         field_name="vm__host", label="Host", queryset=visible_to_requester(fleet_queries.visible_hosts),
     )
-    artist = django_filters.ModelChoiceFilter(
+    artist = IdOrNameFilter(
         field_name="vm__artist", label="Artist", queryset=visible_to_requester(fleet_queries.visible_artists),
     )
     fits = django_filters.ChoiceFilter(choices=Fits.choices, label="Fits")

@@ -1,9 +1,9 @@
 """FilterSets of telemetry, shared by the agents API (`/api/v1/agents/`) and the agents page.
 
 Parameters are those of `fleet.filtersets`: field names (`?kind=nvml&host=3&enabled=true`), an
-unknown id or choice is a 400, `q` matches a part of the name or URL. `?status=` filters on the
-status the collector's bookkeeping implies (`Agent.status`), translated into a query so it
-filters in the database rather than in Python.
+unknown id or choice is a 400 (`?host=` takes an id or a name), `q` matches a part of the name or
+URL. `?status=` filters on the status the collector's bookkeeping implies (`Agent.status`),
+translated into a query so it filters in the database rather than in Python.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from django.db.models import F, Q, QuerySet
 from django.utils import timezone
 
 from fleet import queries
-from fleet.filtersets import search_filter, visible_to_requester
+from fleet.filtersets import IdOrNameFilter, search_filter, visible_to_requester
 from telemetry.models import Agent, AgentKind, AgentStatus
 
 
@@ -36,7 +36,7 @@ class AgentFilterSet(django_filters.FilterSet):
     q = search_filter("name", "url", placeholder="Agent name or URL")
     name = django_filters.CharFilter(lookup_expr="icontains")
     kind = django_filters.ChoiceFilter(choices=AgentKind.choices)
-    host = django_filters.ModelChoiceFilter(queryset=visible_to_requester(queries.visible_hosts))
+    host = IdOrNameFilter(queryset=visible_to_requester(queries.visible_hosts))
     status = django_filters.ChoiceFilter(choices=AgentStatus.choices, method="filter_status", label="Status",
                                          help_text="Status (ok, stale, error, new, disabled)")
 

@@ -83,6 +83,7 @@ from fleet import audit
 from fleet.choices import AuditSource, GpuMode
 from fleet.locks import lock_rows
 from fleet.models import Gpu, GpuModel, Host, Vgpu, VirtualMachine
+from fleet.pci import canonical_pci_bus_id
 from telemetry.models import Agent, Drift, DriftKind, GpuSample, VgpuSample
 from telemetry.payload import GpuReading, Report, VgpuReading, model_key, profile_key
 from telemetry.services import agent_snapshot
@@ -548,16 +549,18 @@ class _Batch:
         if not pending:
             return
 
-        # A declared GPU at the same host and PCI bus id: the same board if it has no UUID yet.
+        # A declared GPU at the same host and PCI bus id: the same board if it has no UUID yet. Bus
+        # ids are compared in the inventory's form (`fleet.pci`): lspci's 0000:3b:00.0 is NVML's
+        # 00000000:3B:00.0.
         existing = {}
-        pcis = {pending[uuid][2].pci_bus_id for uuid in pending}
+        pcis = {canonical_pci_bus_id(pending[uuid][2].pci_bus_id) for uuid in pending}
         for gpu in Gpu.objects.filter(host_id__in=set(target.values()), pci_bus_id__in=pcis).select_related(
                 "host", "gpu_model"):
             existing[(gpu.host_id, gpu.pci_bus_id)] = gpu
         adopted = []
         for uuid in list(pending):
             agent, report, reading = pending[uuid]
-            holder = existing.get((target[uuid], reading.pci_bus_id))
+            holder = existing.get((target[uuid], canonical_pci_bus_id(reading.pci_bus_id)))
             if holder is None:
                 continue
             del pending[uuid]
@@ -607,7 +610,8 @@ class _Batch:
             if host is None or model is None:
                 continue
             mode = GpuMode.VGPU if reading.virtualization_mode in ("vgpu_host", None) else GpuMode.PASSTHROUGH
-            rows.append(Gpu(host=host, gpu_model=model, uuid=uuid, pci_bus_id=reading.pci_bus_id, mode=mode))
+            rows.append(Gpu(host=host, gpu_model=model, uuid=uuid, pci_bus_id=canonical_pci_bus_id(reading.pci_bus_id),
+                            mode=mode))
         Gpu.objects.bulk_create(rows, ignore_conflicts=True)
         for gpu in Gpu.objects.filter(uuid__in=list(pending)).select_related("host", "gpu_model"):
             self.gpus[gpu.uuid] = gpu

@@ -23,6 +23,7 @@ import pytest
 from django.conf import settings
 from django.urls import get_resolver
 from django.utils import timezone
+from rest_framework.views import APIView
 
 from dashboard.listing import TableListView
 from fleet import services
@@ -112,18 +113,38 @@ def formula_cells(rows: list[list[str]]) -> list[str]:
     return [cell for row in rows for cell in row if cell.startswith(DANGEROUS) and not NUMBER.fullmatch(cell)]
 
 
+def assert_safe_and_kept(url: str, rows: list[list[str]], columns: tuple[str, ...]) -> None:
+    """No cell of `rows` is a formula, and each payload is in each of `columns` behind a quote."""
+    assert len(rows) > 1, f"{url} exported nothing"
+    assert not formula_cells(rows), f"{url} exports formulas: {formula_cells(rows)}"
+    header, *data = rows
+    for column in columns:
+        values = {row[header.index(column)] for row in data}
+        missing = {"'" + text for text in PAYLOADS} - values
+        assert not missing, f"{url} column {column}: {missing} not kept behind a quote"
+
+
 def test_no_cell_of_any_export_is_a_formula_and_every_text_is_kept(staff, evil):
     for urls, columns in EXPORTS.values():
         for url_of in urls:
             url = url_of(staff, evil)
-            rows = download(staff, url)
-            assert len(rows) > 1, f"{url} exported nothing"
-            assert not formula_cells(rows), f"{url} exports formulas: {formula_cells(rows)}"
-            header, *data = rows
-            for column in columns:
-                values = {row[header.index(column)] for row in data}
-                missing = {"'" + text for text in PAYLOADS} - values
-                assert not missing, f"{url} column {column}: {missing} not kept behind a quote"
+            assert_safe_and_kept(url, download(staff, url), columns)
+
+
+#: The API's lists whose rows carry text a user, a client or an agent sets: `?format=csv` of each
+#: (config.csv_export.CsvRenderer, the default renderer of every API view), names expanded.
+API_LISTS = {
+    "hosts": ("name",), "gpus": ("uuid", "host.display"), "vms": ("name", "artist.display", "host.display"),
+    "artists": ("name", "user.display"), "agents": ("name", "last_error", "host.display"),
+    "suggestions": ("vm_name", "reason"),
+}
+
+
+def test_no_cell_of_any_api_list_is_a_formula(staff, evil):
+    for resource, columns in API_LISTS.items():
+        extra = {"hosts": "", "suggestions": "&dismissed=all"}.get(resource, "&expand=all")
+        url = f"/api/v1/{resource}/?format=csv{extra}"
+        assert_safe_and_kept(url, download(staff, url), columns)
 
 
 def test_audit_json_cells_are_checked_on_their_final_text(staff, evil):
@@ -172,10 +193,11 @@ def test_negative_numbers_stay_numbers(staff, evil):
 
 # Coverage: every CSV the site can serve is listed above ----------------------------------
 
-APP_DIRS = ("config", "dashboard", "fleet", "telemetry", "sizing")
+APP_DIRS = ("config", "fleet", "telemetry", "sizing", "dashboard")
 #: The one module that writes CSV, and the modules that serve its exports (their URLs are above).
 CSV_WRITER = "config/csv_export.py"
-CSV_SERVERS = {"dashboard/listing.py", "fleet/api/audit.py"}
+#: The list pages, the audit log's streamed export, and the API's default renderers (settings).
+CSV_SERVERS = {"dashboard/listing.py", "fleet/api/audit.py", "config/settings.py"}
 
 
 def csv_routes() -> set[str]:
@@ -188,6 +210,8 @@ def csv_routes() -> set[str]:
         if view is None:
             continue
         renderers = getattr(view, "renderer_classes", ())
+        if renderers is APIView.renderer_classes:
+            continue  # the API's default renderers: every list, checked by test_no_cell_of_any_api_list_is_a_formula
         if ((issubclass(view, TableListView) and view.csv_name)
                 or any(getattr(r, "format", None) == "csv" or "csv" in getattr(r, "media_type", "")
                        for r in renderers)):

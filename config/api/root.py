@@ -30,8 +30,10 @@ class ApiRootView(routers.APIRootView):
                 answer[name] = reverse(url_name, request=request, format=kwargs.get("format"))
             except NoReverseMatch:  # pragma: no cover - every registered route reverses
                 continue
+        # `{id}` as written: build_absolute_uri would quote it as %7Bid%7D, which no script fills in.
+        origin = request.build_absolute_uri("/").rstrip("/")
         for name, template in sorted(self.templates.items()):
-            answer[name] = request.build_absolute_uri(template)
+            answer[name] = origin + template
         return Response(answer)
 
 

@@ -16,13 +16,15 @@ from rest_framework.response import Response
 
 from config.api.caching import CachedListMixin
 from config.api.permissions import IsFleetAdmin
+from config.api.serializers import ExpandableMixin
 from config.roles import is_fleet_admin
 from fleet import requests as service
 from fleet.models import ResizeRequest, VgpuProfile
 from fleet.queries import visible_vms
 
 
-class ResizeRequestSerializer(serializers.ModelSerializer):
+class ResizeRequestSerializer(ExpandableMixin, serializers.ModelSerializer):
+    expandable_fields = ("vm", "current_profile", "requested_profile", "requested_by", "decided_by")
     fits = serializers.SerializerMethodField(help_text="Where the request fits now: same_gpu, other_gpu, "
                                                        "other_host or nowhere (n/a once decided)")
     requested_profile = serializers.PrimaryKeyRelatedField(queryset=VgpuProfile.objects.all())

@@ -8,8 +8,10 @@ list costs the same number of queries whatever its length.
 
 from rest_framework import serializers
 
+from config.api.serializers import ExpandableMixin
 from fleet import services
 from fleet.models import Artist, Gpu, GpuModel, Host, Vgpu, VgpuProfile, VirtualMachine
+from fleet.pci import InvalidPciBusId, normalize_pci_bus_id
 
 
 class GpuModelSerializer(serializers.ModelSerializer):
@@ -19,7 +21,9 @@ class GpuModelSerializer(serializers.ModelSerializer):
         extra_kwargs = {"fb_mib": {"min_value": 1}, "gpus_per_board": {"min_value": 1}}
 
 
-class VgpuProfileSerializer(serializers.ModelSerializer):
+class VgpuProfileSerializer(ExpandableMixin, serializers.ModelSerializer):
+    expandable_fields = ("gpu_model",)
+
     class Meta:
         model = VgpuProfile
         fields = ["id", "name", "gpu_model", "series", "fb_mib", "max_per_gpu", "max_per_gpu_mixed", "max_per_vm"]
@@ -48,16 +52,24 @@ class HostSerializer(serializers.ModelSerializer):
         return services.update_host(instance, **validated_data)
 
 
-class GpuSerializer(serializers.ModelSerializer):
+class GpuSerializer(ExpandableMixin, serializers.ModelSerializer):
     """A physical GPU. Its mode, size mode, host and model change only while it holds no vGPU
     (saved through `services.update_gpu`)."""
 
+    expandable_fields = ("host", "gpu_model")
     used_fb_mib = serializers.IntegerField(read_only=True, help_text="Frame buffer taken by its vGPUs, MiB")
     vgpu_count = serializers.IntegerField(read_only=True, help_text="vGPUs placed on this GPU")
 
     class Meta:
         model = Gpu
         fields = ["id", "host", "gpu_model", "uuid", "pci_bus_id", "mode", "size_mode", "used_fb_mib", "vgpu_count"]
+
+    def validate_pci_bus_id(self, value: str) -> str:
+        """NVML's form (`fleet.pci`), before the unique check of (host, pci_bus_id) compares it."""
+        try:
+            return normalize_pci_bus_id(value)
+        except InvalidPciBusId as exc:
+            raise serializers.ValidationError(str(exc)) from None
 
     def create(self, validated_data):
         return services.update_gpu(Gpu(**validated_data))
@@ -66,7 +78,9 @@ class GpuSerializer(serializers.ModelSerializer):
         return services.update_gpu(instance, **validated_data)
 
 
-class ArtistSerializer(serializers.ModelSerializer):
+class ArtistSerializer(ExpandableMixin, serializers.ModelSerializer):
+    expandable_fields = ("user",)
+
     class Meta:
         model = Artist
         fields = ["id", "user", "name", "workflow", "user_type"]
@@ -82,10 +96,11 @@ class VmVgpuSerializer(serializers.ModelSerializer):
         read_only_fields = fields
 
 
-class VirtualMachineSerializer(serializers.ModelSerializer):
+class VirtualMachineSerializer(ExpandableMixin, serializers.ModelSerializer):
     """A virtual workstation. Its host is set by placing its first vGPU (read-only here); a
     change of vCPUs or RAM must fit the host's capacity (saved through `services.update_vm`)."""
 
+    expandable_fields = ("artist", "host")
     vgpus = VmVgpuSerializer(many=True, read_only=True)
 
     class Meta:
@@ -98,9 +113,11 @@ class VirtualMachineSerializer(serializers.ModelSerializer):
         return services.update_vm(instance, **validated_data)
 
 
-class VgpuSerializer(serializers.ModelSerializer):
+class VgpuSerializer(ExpandableMixin, serializers.ModelSerializer):
     """A vGPU of a VM on a physical GPU. Created by placement (`services.place_vgpu`), which
     checks the rules and picks the placement ID (its slot on the GPU)."""
+
+    expandable_fields = ("vm", "gpu", "profile")
 
     class Meta:
         model = Vgpu

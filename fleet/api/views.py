@@ -4,17 +4,18 @@
 
 from collections.abc import Callable
 
-from django.db import transaction
+from django.db import IntegrityError, transaction
 from django.db.models import ProtectedError, QuerySet
-from django_filters.rest_framework import DjangoFilterBackend
 from drf_spectacular.utils import OpenApiResponse, extend_schema, extend_schema_view
-from rest_framework import mixins, viewsets
+from rest_framework import mixins, status, viewsets
+from rest_framework.exceptions import ValidationError
+from rest_framework.response import Response
 
 from config.api.caching import CachedListMixin
-from config.api.exceptions import Conflict, in_use_message
-from config.api.filters import StableOrderingFilter
+from config.api.exceptions import Conflict, in_use_message, refusal_body
 from config.api.permissions import IsFleetAdminOrReadOnly
 from config.api.serializers import DetailSerializer, InvalidOrRefusedSerializer, PlacementErrorSerializer
+from config.errors import ConflictRefusal, Refusal
 from fleet import audit, filtersets, queries, services
 from fleet.api import serializers
 
@@ -37,7 +38,6 @@ class FleetViewSetMixin(CachedListMixin):
     responses to writes rendered from a fresh read (so annotated figures are current)."""
 
     permission_classes = [IsFleetAdminOrReadOnly]
-    filter_backends = [DjangoFilterBackend, StableOrderingFilter]
     #: `fleet.queries` function returning the rows a user may see.
     scoped_queryset: Callable[..., QuerySet]
 
@@ -46,6 +46,50 @@ class FleetViewSetMixin(CachedListMixin):
             return self.serializer_class.Meta.model.objects.none()
         # Looked up on the class: a plain function stored there, not a method of the viewset.
         return type(self).scoped_queryset(self.request.user)
+
+    #: A POST of a JSON list creates every object or none (`create`); off unless a resource says so.
+    bulk_create = False
+
+    def create(self, request, *args, **kwargs):
+        if self.bulk_create and isinstance(request.data, list):
+            return self._create_many(request.data)
+        return super().create(request, *args, **kwargs)
+
+    def _create_many(self, items: list) -> Response:
+        """Create each item as a single POST would (its serializer, `perform_create`, so
+        `fleet.services` and the audit log), in one transaction. On any error nothing is written:
+        400 (409 where the fleet changed under one) with a list of the items' errors by position,
+        `{}` for an item that was fine."""
+        if not items or len(items) > MAX_BULK_ITEMS:
+            raise ValidationError({"non_field_errors": [
+                f"A list body creates 1 to {MAX_BULK_ITEMS} objects; this one has {len(items)}."]})
+        errors: list[dict] = [{} for _ in items]
+        created, conflict = [], False
+        with transaction.atomic():
+            for index, item in enumerate(items):
+                serializer = self.get_serializer(data=item)
+                if not serializer.is_valid():
+                    errors[index] = serializer.errors
+                    continue
+                try:
+                    # A savepoint per item: a refused one leaves the transaction usable for the rest.
+                    with transaction.atomic():
+                        self.perform_create(serializer)
+                except Refusal as exc:
+                    errors[index] = refusal_body(exc)
+                    conflict = conflict or isinstance(exc, ConflictRefusal)
+                    continue
+                except IntegrityError:
+                    errors[index] = {"non_field_errors": [
+                        "Conflicts with another object of this list or of the inventory (a name or PCI bus id "
+                        "given twice)."]}
+                    continue
+                created.append(serializer.data)
+            if any(errors):
+                transaction.set_rollback(True)
+        if any(errors):
+            return Response(errors, status=status.HTTP_409_CONFLICT if conflict else status.HTTP_400_BAD_REQUEST)
+        return Response(created, status=status.HTTP_201_CREATED)
 
     def _reload(self, serializer) -> None:
         serializer.instance = self.get_queryset().get(pk=serializer.instance.pk)
@@ -92,6 +136,8 @@ class FleetViewSetMixin(CachedListMixin):
             raise Conflict(in_use_message(exc, instance)) from exc
 
 
+#: Objects one POST of a list body may create.
+MAX_BULK_ITEMS = 500
 #: Saved through fleet.services, which records the change itself (the serializers' create/update).
 CREATED_BY_SERVICES = frozenset({"host", "gpu", "vgpu"})
 UPDATED_BY_SERVICES = frozenset({"host", "gpu", "vm"})
@@ -144,8 +190,15 @@ class HostViewSet(FleetViewSet):
                        "allocated_ram_gib", "gpu_count"]
 
 
+#: A list body: documented in words (the schema shows the single object's body).
+BULK_CREATE = (f"A JSON list of such objects (at most {MAX_BULK_ITEMS}) creates them all in one transaction, "
+               "or none: 201 with the list created; on any error 400 (409 where the fleet changed under one) "
+               "with a list of each item's errors by position, `{}` for an item that was fine.")
+
+
 @extend_schema_view(
-    create=extend_schema(responses={201: serializers.GpuSerializer, **_capacity_refused}),
+    create=extend_schema(description=f"Add a GPU to a host. {BULK_CREATE}",
+                         responses={201: serializers.GpuSerializer, **_capacity_refused}),
     update=extend_schema(responses={200: serializers.GpuSerializer, **_capacity_refused_or_changed}),
     partial_update=extend_schema(responses={200: serializers.GpuSerializer, **_capacity_refused_or_changed}),
     destroy=extend_schema(responses={204: None, 409: IN_USE}),
@@ -157,6 +210,7 @@ class GpuViewSet(FleetViewSet):
 
     scoped_queryset = queries.gpus_for
     serializer_class = serializers.GpuSerializer
+    bulk_create = True
     filterset_class = filtersets.GpuFilterSet
     ordering_fields = ["id", "host", "pci_bus_id", "uuid", "gpu_model", "mode", "size_mode", "used_fb_mib",
                        "vgpu_count"]
@@ -172,6 +226,8 @@ class ArtistViewSet(FleetViewSet):
 
 
 @extend_schema_view(
+    create=extend_schema(description=f"Add a virtual workstation (placed nowhere until its first vGPU). {BULK_CREATE}",
+                         responses={201: serializers.VirtualMachineSerializer, 400: RULE_REFUSED}),
     update=extend_schema(responses={200: serializers.VirtualMachineSerializer, **_capacity_refused_or_changed}),
     partial_update=extend_schema(responses={200: serializers.VirtualMachineSerializer,
                                             **_capacity_refused_or_changed}),
@@ -183,6 +239,7 @@ class VirtualMachineViewSet(FleetViewSet):
 
     scoped_queryset = queries.vms_for
     serializer_class = serializers.VirtualMachineSerializer
+    bulk_create = True
     filterset_class = filtersets.VirtualMachineFilterSet
     ordering_fields = ["id", "name", "vcpus", "ram_gib", "host", "artist"]
 

@@ -131,7 +131,9 @@ def test_filters_cannot_widen_an_artists_view(artist_api, fleet_world):
         response = artist_api.get(f"/api/v1/{route}/", params)
         missing = artist_api.get(f"/api/v1/{route}/", dict.fromkeys(params, 999_999))
         assert response.status_code == missing.status_code == 400
-        assert response.json() == missing.json()
+        # The same words, but for the value asked for (echoed back so a script sees which one).
+        (value,) = params.values()
+        assert str(response.json()).replace(f"'{value}'", "'?'") == str(missing.json()).replace("'999999'", "'?'")
     assert results(artist_api.get("/api/v1/gpus/", {"uuid": fleet_world.gpu_b.uuid})) == []
     assert names(artist_api.get("/api/v1/vms/", {"host": fleet_world.host_a.pk})) == ["ws-ana"]
 

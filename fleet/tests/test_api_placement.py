@@ -53,8 +53,9 @@ def test_refusal_names_the_rule_and_the_numbers_and_writes_nothing(admin_api, gp
     assert response.status_code == 400
     body = response.json()
     message = "RTX6000-12Q needs 12288 MiB; GPU 00000000:3B:00.0 has 8192 MiB free of 24576 MiB"
+    assert body["detail"].startswith("On host render-01: ")
     assert message in body["detail"]
-    assert {"rule": "frame_buffer", "message": message} in body["violations"]
+    assert {"rule": "frame_buffer", "message": message, "host": "render-01"} in body["violations"]
     assert "equal_size" in {v["rule"] for v in body["violations"]}
     assert Vgpu.objects.filter(vm=vm).count() == 0
     assert Vgpu.objects.filter(gpu=gpu).count() == 2
@@ -72,6 +73,7 @@ def test_host_capacity_refusal_names_vcpus(admin_api, gpu):
         "rule": "host_vcpu",
         "message": "VM ws-sim-01 needs 96 vCPUs; host render-01 has 72 of 72 vCPUs free "
                    "(72 threads x 1 overcommit)",
+        "host": "render-01",
     }]
     assert not Vgpu.objects.exists()
 

@@ -255,7 +255,7 @@ def test_a_poc_gpu_taken_meanwhile_is_reported_not_a_crash():
     output = seed("--no-synthetic")
 
     assert "Left out 1 VM(s) the placement rules refused:\n  poc-modeling (modeling, RTX6000-12Q): " \
-        "RTX6000-12Q needs 12288 MiB; GPU 00000000:3B:00.0 has 0 MiB free of 24576 MiB; " \
+        "On host poc-rtx6000: RTX6000-12Q needs 12288 MiB; GPU 00000000:3B:00.0 has 0 MiB free of 24576 MiB; " \
         "RTX6000-12Q allows 2 per GPU; GPU 00000000:3B:00.0 already has 2" in output
     assert not Vgpu.objects.filter(vm__name="poc-modeling").exists()
     assert_rules_hold()

@@ -13,7 +13,6 @@ from django.db.models.fields.json import KeyTransform
 from drf_spectacular.utils import OpenApiResponse, extend_schema, extend_schema_view
 from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.decorators import action
-from rest_framework.filters import OrderingFilter
 from rest_framework.response import Response
 
 from config.api.permissions import IsFleetAdmin
@@ -126,7 +125,6 @@ class OptimizerRunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, view
     """Runs of the fleet placement optimizer; staff only."""
 
     permission_classes = [IsOptimizerAdmin]
-    filter_backends = [OrderingFilter]
     ordering_fields = ["id", "created_at", "status"]
     ordering = ["-created_at", "-id"]
 

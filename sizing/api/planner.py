@@ -16,6 +16,7 @@ from rest_framework import mixins, serializers, viewsets
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from config.api.filters import KnownParametersFilter
 from config.api.permissions import IsFleetAdmin
 from fleet import placement
 from fleet.choices import Series, SizeMode, Workflow
@@ -314,7 +315,8 @@ class WorkflowPresetViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mi
 
     permission_classes = [IsPlannerAdmin]
     serializer_class = WorkflowPresetSerializer
-    filter_backends: list = []
+    # Nothing to filter: unknown parameters are still a 400, as on every list.
+    filter_backends = [KnownParametersFilter]
 
     def get_queryset(self) -> QuerySet:
         return WorkflowPreset.objects.order_by("workflow", "id")

@@ -10,16 +10,14 @@ it again. The rows themselves are written by the hourly refresh, never through t
 from __future__ import annotations
 
 from django.db.models import QuerySet
-from django_filters.rest_framework import DjangoFilterBackend
 from drf_spectacular.utils import OpenApiResponse, extend_schema, extend_schema_view
 from rest_framework import serializers, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.response import Response
 
 from config.api.exceptions import Conflict
-from config.api.filters import StableOrderingFilter
 from config.api.permissions import IsFleetAdminOrReadOnly
-from config.api.serializers import DetailSerializer
+from config.api.serializers import DetailSerializer, ExpandableMixin
 from fleet.models import ResizeRequest
 from sizing import suggestions
 from sizing.choices import Fits
@@ -43,10 +41,12 @@ class FiledRequestSerializer(serializers.ModelSerializer):
         read_only_fields = fields
 
 
-class SuggestionSerializer(serializers.ModelSerializer):
+class SuggestionSerializer(ExpandableMixin, serializers.ModelSerializer):
     """One VM's right-sizing advice with the figures it rests on (`evidence`: frame buffer p95,
     peak and mean in MiB and as % of the current profile, GPU and encoder use, coverage, a daily
     series, and for a resize `impact`: where it fits and why not on the VM's GPU)."""
+
+    expandable_fields = ("vm", "current_profile", "suggested_profile")
 
     vm_name = serializers.CharField(source="vm.name", read_only=True)
     artist = serializers.IntegerField(source="vm.artist_id", read_only=True, allow_null=True)
@@ -107,7 +107,6 @@ class SuggestionViewSet(viewsets.ReadOnlyModelViewSet):
     permission_classes = [IsFleetAdminOrReadOnlySuggestions]
     serializer_class = SuggestionSerializer
     filterset_class = SuggestionFilterSet
-    filter_backends = [DjangoFilterBackend, StableOrderingFilter]
     ordering_fields = ["id", "vm__name", "action", "fits", "gpus_delta", "computed_at"]
 
     def get_queryset(self) -> QuerySet:

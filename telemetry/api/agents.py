@@ -12,16 +12,15 @@ a host agent to its host, an in-guest push agent (kind nvidia-smi) to its one VM
 
 from __future__ import annotations
 
-import django_filters
 from django.db.models import QuerySet
 from drf_spectacular.utils import OpenApiResponse, extend_schema, extend_schema_view
 from rest_framework import serializers, status, viewsets
 from rest_framework.decorators import action
-from rest_framework.filters import OrderingFilter
 from rest_framework.response import Response
 
 from config.api.caching import CachedListMixin
 from config.api.permissions import IsFleetAdmin
+from config.api.serializers import ExpandableMixin
 from telemetry import services
 from telemetry.filtersets import AgentFilterSet
 from telemetry.models import Agent, AgentKind, AgentStatus
@@ -34,8 +33,10 @@ class IsAgentAdmin(IsFleetAdmin):
     message = "Only fleet admins (staff) may see or manage agents."
 
 
-class AgentSerializer(serializers.ModelSerializer):
+class AgentSerializer(ExpandableMixin, serializers.ModelSerializer):
     """An agent as admins see it; collection figures are read-only (the collector writes them)."""
+
+    expandable_fields = ("host", "vm")
 
     status = serializers.ChoiceField(
         choices=AgentStatus.choices, read_only=True,
@@ -112,7 +113,6 @@ class AgentViewSet(CachedListMixin, viewsets.ModelViewSet):
     permission_classes = [IsAgentAdmin]
     serializer_class = AgentSerializer
     filterset_class = AgentFilterSet
-    filter_backends = [django_filters.rest_framework.DjangoFilterBackend, OrderingFilter]
     ordering_fields = ["id", "name", "kind", "host", "enabled", "last_seen", "consecutive_failures"]
     ordering = ["name", "id"]
 

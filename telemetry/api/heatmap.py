@@ -2,7 +2,8 @@
 
 The view parses and validates the query string (every bad parameter is a 400 naming it, all of
 them at once) and hands a `telemetry.heatmap.HeatmapQuery` to `build_heatmap`, which reads the
-rollups. `start` and `end` are parsed and bounded as in `gpus/{id}/metrics/`; the default step
+rollups. `start` and `end` are parsed and bounded as in `gpus/{id}/metrics/`, and default to the
+last 24 h (as the heatmap page opens) instead of being required; the default step
 aims at a few hundred columns (a heatmap cell needs pixels) instead of the metrics API's 720
 points. Scoping is `fleet.queries`': an artist's rows are their own VMs, the GPUs carrying them
 on which no one else is placed (`gpu_telemetry_visible`) and the hosts of those GPUs; anonymous
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 from datetime import timedelta
 
+from django.utils import timezone
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import serializers
@@ -43,6 +45,8 @@ from telemetry.heatmap import (
 )
 
 _GROUP_NOUN = {"gpu": "GPU", "vm": "VM", "host": "host"}
+#: The range without `start` (the heatmap page's default range too).
+DEFAULT_RANGE = timedelta(hours=24)
 
 
 def _choice(params, name: str, choices, default: str, errors: dict) -> str:
@@ -75,26 +79,18 @@ def parse_heatmap_query(request: Request) -> HeatmapQuery:
     host_id = None
     host_raw = params.get("host", "").strip()
     if host_raw:
+        # An id or a name, as the lists' `?host=` (fleet.filtersets.IdOrNameField).
+        visible = visible_hosts(request.user)
         try:
-            host_id = parsing.parse_int(host_raw)
-        except parsing.ParseError as exc:
-            errors["host"] = [f"{exc} A host is named by its id."]
-        else:
-            if not visible_hosts(request.user).filter(pk=host_id).exists():
-                errors["host"] = [f"No host with id {host_id} that you may see."]
+            host_id = visible.filter(pk=parsing.parse_int(host_raw)).values_list("pk", flat=True).first()
+        except parsing.ParseError:
+            host_id = None
+        if host_id is None and "\x00" not in host_raw:  # PostgreSQL refuses NUL in a string literal
+            host_id = visible.filter(name=host_raw).values_list("pk", flat=True).first()
+        if host_id is None:
+            errors["host"] = [f"No host with the id or name {host_raw!r} that you may see."]
 
-    start = end = None
-    for name in ("start", "end"):
-        if not params.get(name, "").strip():
-            errors[name] = ["Required: the range must be bounded (ISO 8601 or Unix seconds)."]
-    try:
-        start = parse_time(params["start"], "start") if "start" not in errors else None
-    except ValidationError as exc:
-        errors.update(exc.detail)
-    try:
-        end = parse_time(params["end"], "end") if "end" not in errors else None
-    except ValidationError as exc:
-        errors.update(exc.detail)
+    start, end = _parse_range(params, errors)
     step = None
     if start and end:
         if end <= start:
@@ -107,6 +103,21 @@ def parse_heatmap_query(request: Request) -> HeatmapQuery:
         raise ValidationError(errors)
     return HeatmapQuery(group=group, metric=metric, stat=stat, fold=fold, sort=sort, host_id=host_id,
                         start=bucket_floor(start, step), end=end, step=step)
+
+
+def _parse_range(params, errors: dict) -> tuple:
+    """`start` and `end`, each ISO 8601 or Unix seconds; without them the DEFAULT_RANGE before
+    `end` (default: now), as the heatmap page opens. (None, None) when either is invalid."""
+    times = {}
+    for name in ("start", "end"):
+        raw = params.get(name, "").strip()
+        try:
+            times[name] = parse_time(raw, name) if raw else None
+        except ValidationError as exc:
+            errors.update(exc.detail)
+            return None, None
+    end = times["end"] or timezone.now()
+    return times["start"] or end - DEFAULT_RANGE, end
 
 
 def _parse_heatmap_step(raw: str | None, fold: str, start, end, errors: dict) -> int | None:
@@ -195,10 +206,12 @@ _PARAMETERS = [
                                  "enc_util, dec_util"),
     OpenApiParameter("stat", OpenApiTypes.STR, enum=list(STATS),
                      description="avg (default), max or p95; one of the metric's statistics"),
-    OpenApiParameter("start", OpenApiTypes.STR, required=True,
-                     description="Start of the range: ISO 8601 (no offset means UTC) or Unix seconds"),
-    OpenApiParameter("end", OpenApiTypes.STR, required=True,
-                     description=f"End of the range (exclusive); at most {MAX_RANGE_DAYS} days after start"),
+    OpenApiParameter("start", OpenApiTypes.STR,
+                     description="Start of the range: ISO 8601 (no offset means UTC) or Unix seconds. "
+                                 "Default: 24 h before end"),
+    OpenApiParameter("end", OpenApiTypes.STR,
+                     description=f"End of the range (exclusive); at most {MAX_RANGE_DAYS} days after start. "
+                                 "Default: now"),
     OpenApiParameter("step", OpenApiTypes.INT,
                      description="Seconds per column: a multiple of 300 below 3600 or of 3600; at most "
                                  f"{MAX_COLUMNS:,} columns. Default: the smallest of "
@@ -211,7 +224,7 @@ _PARAMETERS = [
     OpenApiParameter("sort", OpenApiTypes.STR, enum=list(SORTS),
                      description="host (default: grouped by host name, then PCI bus id / VM name), peak (highest "
                                  "row maximum first) or mean (highest row mean first); rows without data last"),
-    OpenApiParameter("host", OpenApiTypes.INT, description="Only the rows of this host"),
+    OpenApiParameter("host", OpenApiTypes.STR, description="Only the rows of this host: its id or its name"),
 ]
 
 

@@ -381,7 +381,7 @@ def test_anonymous_gets_401(api, world):
     ({"stat": "median"}, "stat", "avg, max, p95"),
     ({"fold": "day_of_week"}, "fold", "hour_of_week"),
     ({"sort": "name"}, "sort", "host, peak, mean"),
-    ({"host": "render-01"}, "host", "whole number"),
+    ({"host": "render-99"}, "host", "'render-99'"),
     ({"host": "999999"}, "host", "999999"),
     ({"start": "yesterday"}, "start", "not a time"),
     ({"end": "2026-03-02T09:00:00Z"}, "end", "later than start"),
@@ -402,11 +402,35 @@ def test_bad_parameters_are_400_naming_them(admin_api, world, params, field, wor
     assert words in " ".join(body[field])
 
 
-def test_missing_range_names_both_ends(admin_api, world):
+def test_without_a_range_the_last_24_hours_up_to_now(admin_api, world):
+    before = datetime.now(UTC)
     response = admin_api.get(URL, {"group": "host"})
+    after = datetime.now(UTC)
 
-    assert response.status_code == 400
-    assert set(response.json()) == {"start", "end"}
+    assert response.status_code == 200, response.content
+    body = response.json()
+    end, start = datetime.fromisoformat(body["end"]), datetime.fromisoformat(body["start"])
+    assert before.replace(microsecond=0) <= end <= after, "answered to the second"
+    assert end - timedelta(hours=24) - timedelta(seconds=body["step"]) < start <= end - timedelta(hours=24)
+    assert len(body["x"]) == len(body["z"][0])
+
+
+def test_an_end_alone_shows_the_24_hours_before_it(admin_api, world):
+    gpu_rollups(world.gpu_1, [(360, 40.0, 50.0, 45.0)], step_s=3600)
+
+    body = admin_api.get(URL, {"end": at(3600).isoformat(), "step": 3600}).json()
+
+    assert body["start"] == "2026-03-01T11:00:00Z"
+    assert body["end"] == "2026-03-02T11:00:00Z"
+    row = body["z"][body["ids"].index(world.gpu_1.pk)]
+    assert len(row) == 24
+    assert row[-1] == 40.0, "the hour before end has the GPU's reading"
+
+
+def test_a_host_by_name_shows_the_rows_of_that_host(admin_api, world):
+    body = heatmap(admin_api, host=world.host.name)
+
+    assert body["ids"] == [world.gpu_1.pk, world.gpu_2.pk]
 
 
 def test_columns_cap_suggests_a_step(admin_api, world):
@@ -462,7 +486,7 @@ def test_schema_documents_the_heatmap(admin_api, db):
 
     operation = schema["paths"]["/api/v1/heatmap/"]["get"]
     assert {p["name"]: p.get("required", False) for p in operation["parameters"]} == {
-        "group": False, "metric": False, "stat": False, "start": True, "end": True, "step": False,
+        "group": False, "metric": False, "stat": False, "start": False, "end": False, "step": False,
         "fold": False, "sort": False, "host": False,
     }
     assert set(operation["responses"]) == {"200", "400"}

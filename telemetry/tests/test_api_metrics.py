@@ -284,7 +284,7 @@ def test_schema_documents_the_metrics_endpoints(admin_api, db):
 
     gpu = schema["paths"]["/api/v1/gpus/{id}/metrics/"]["get"]
     assert {p["name"]: p.get("required", False) for p in gpu["parameters"]} == {
-        "id": True, "start": True, "end": True, "step": False, "metric": False,
+        "id": True, "start": True, "end": True, "step": False, "metric": False, "format": False,
     }
     assert set(gpu["responses"]) == {"200", "400", "403"}
     series = schema["components"]["schemas"]["GpuMetricSeries"]["properties"]

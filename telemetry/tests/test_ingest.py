@@ -251,6 +251,25 @@ def test_a_declared_gpu_without_uuid_at_the_same_slot_gets_the_uuid(world):
     assert GpuSample.objects.get().gpu == declared
 
 
+def test_a_gpu_typed_in_lspci_form_is_the_one_nvml_reports(world):
+    """An admin typed 0000:a1:00.0 (stored as 00000000:A1:00.0); the agent's NVML form finds it."""
+    declared = GpuFactory(host=world.host, gpu_model=world.model, pci_bus_id="0000:a1:00.0", uuid="")
+
+    stats = store_reports([(world.agent, report("render-01", [
+        gpu_reading("GPU-from-nvml", pci_bus_id="00000000:A1:00.0")]))], received_at=T0)
+
+    declared.refresh_from_db()
+    assert (declared.pci_bus_id, declared.uuid) == ("00000000:A1:00.0", "GPU-from-nvml")
+    assert stats.discovered_gpus == 0
+
+
+def test_a_gpu_discovered_in_lspci_form_is_stored_in_nvml_form(world):
+    store_reports([(world.agent, report("render-01", [
+        gpu_reading("GPU-lspci-form", pci_bus_id="0000:c1:00.0")]))], received_at=T0)
+
+    assert Gpu.objects.get(uuid="GPU-lspci-form").pci_bus_id == "00000000:C1:00.0"
+
+
 def test_a_gpu_in_a_slot_the_inventory_gives_another_gpu_is_not_added(world):
     stats = store_reports([(world.agent, report("render-01", [
         gpu_reading("GPU-swapped-board", pci_bus_id=world.gpu.pci_bus_id)]))], received_at=T0)
