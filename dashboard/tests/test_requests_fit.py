@@ -103,7 +103,7 @@ def test_what_the_queue_says_is_what_approval_does(queue_world, admin_user):
     assert said["grow"].startswith("same_gpu same gpu: 00000000:1A:00.0 on host-a")
     assert said["pair"].startswith("other_gpu other gpu: 00000000:3A:00.0 on host-a")
     assert said["far"].startswith("other_host other host: 00000000:1C:00.0, 00000000:2C:00.0 on host-c")
-    assert said["big"].startswith("nowhere nowhere")
+    assert said["big"].startswith("nowhere No room as the fleet stands")
     assert "needs 4 GPUs with room, one for each vGPU of the VM" in said["big"]
 
     for key in ("grow", "pair", "far"):
