@@ -14,11 +14,11 @@ from django.core.exceptions import PermissionDenied, ValidationError
 from django.http import Http404
 from django.shortcuts import get_object_or_404, redirect, render
 from django.utils import timezone
-from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_POST
 
 from config import parsing
 from config.roles import is_fleet_admin
+from dashboard.forms import NextForm
 from fleet import request_preview
 from fleet import requests as service
 from fleet.choices import ResizeStatus
@@ -28,6 +28,7 @@ from sizing import room
 
 BAD_WINDOW = "Enter the wished window as a date and time, e.g. 2026-12-01 09:00."
 NO_PROFILE = "Choose a target profile of the VM's GPU model."
+BAD_CHANGE = "Change: choose a target profile, one vGPU more or one vGPU less (not %(value)s)."
 DONE = {"approve": "approved and applied", "reject": "rejected", "cancel": "cancelled"}
 
 
@@ -41,15 +42,16 @@ def request_list(request):
         "vm__host", "vm__suggestion__suggested_profile", "requested_profile", "current_profile", "requested_by",
         "decided_by",
     )
-    status = request.GET.get("status", "")
+    controls = RequestListForm(request.GET)
+    refused = not controls.is_valid()
+    status = "" if refused else controls.cleaned_data["status"]
     rows = list(qs.filter(status=ResizeStatus.PENDING))
     # One snapshot for the whole queue: no lock and no write on a GET.
     pending = [(r, fit, service.evidence_of(r.vm, r)) for r, fit in zip(rows, service.fits_all(rows), strict=True)]
     decided = qs.exclude(status=ResizeStatus.PENDING)
-    refused = bool(status) and status not in ResizeStatus.values
     if refused:
-        messages.error(request, f"Unknown status {status!r}: showing every decided request instead.")
-        status = ""
+        messages.error(request, f"Unknown status {request.GET.get('status', '')!r}: showing every decided "
+                                "request instead.")
     elif status:
         decided = decided.filter(status=status)
     return render(request, "fleet/request_list.html", {
@@ -57,13 +59,10 @@ def request_list(request):
     }, status=400 if refused else 200)
 
 
-def _next(request, default: str) -> str:
-    """Where to go after a form: the form's `next` when it is a path of this site."""
-    target = request.POST.get("next", "")
-    # A path, not a URL name: redirect() would try to reverse "abc" as a view's name.
-    if target.startswith("/") and url_has_allowed_host_and_scheme(target, allowed_hosts={request.get_host()}):
-        return target
-    return default
+class RequestListForm(forms.Form):
+    """The queue's filter of decided requests (`?status=`)."""
+
+    status = forms.ChoiceField(choices=[("", "all"), *ResizeStatus.choices], required=False)
 
 
 class ApproveForm(forms.Form):
@@ -137,7 +136,8 @@ def request_decide(request, pk: int, verb: str):
             messages.error(request, f"Request #{pk} was not {DONE[verb].split()[0]}: {message}")
     except FleetConflict as exc:
         messages.error(request, f"Request #{pk} could not be {DONE[verb].split()[0]}: {exc}")
-    return redirect(_next(request, "/requests/" if verb != "cancel" or is_fleet_admin(request.user) else "/me/"))
+    default = "/requests/" if verb != "cancel" or is_fleet_admin(request.user) else "/me/"
+    return redirect(NextForm(request.POST).next_url(request, default))
 
 
 def _text(request, name: str) -> str:
@@ -149,15 +149,51 @@ def _text(request, name: str) -> str:
         raise service.RequestError({name: " ".join(exc.messages)}) from None
 
 
-def _when(value: str, name: str):
+class WishedTimeField(forms.CharField):
     """A datetime-local field's value as an aware datetime (a naive one is in the studio's time
     zone); None when empty."""
-    if not value.strip():
-        return None
-    try:
-        return parsing.parse_time(value, default_tz=timezone.get_current_timezone())
-    except parsing.ParseError as exc:
-        raise service.RequestError({name: f"{BAD_WINDOW} ({exc})"}) from None
+
+    def to_python(self, value):
+        value = super().to_python(value)
+        if not value.strip():
+            return None
+        try:
+            return parsing.parse_time(value, default_tz=timezone.get_current_timezone())
+        except parsing.ParseError as exc:
+            raise ValidationError(f"{BAD_WINDOW} ({exc})", code="invalid") from None
+
+
+class RequestFileForm(forms.Form):
+    """The artist's request on /me/: a target profile, or one vGPU more or less of the current
+    one (`change`), a reason and an optional wished window. `clean` turns the choice into
+    `profile` and `vgpus` for the VM's current vGPUs."""
+
+    change = forms.ChoiceField(choices=[("profile", "profile"), ("more", "more"), ("less", "less")],
+                               required=False, error_messages={"invalid_choice": BAD_CHANGE})
+    requested_profile = forms.CharField(required=False, max_length=40)
+    reason = forms.CharField(required=False, strip=False)
+    wished_from = WishedTimeField(required=False, strip=False)
+    wished_until = WishedTimeField(required=False, strip=False)
+
+    def __init__(self, data, *, current: VgpuProfile | None, count: int):
+        super().__init__(data)
+        self.current, self.count = current, count
+
+    def clean(self):
+        data = super().clean()
+        if data.get("change") in ("more", "less") and self.current is not None:
+            data["profile"] = self.current
+            data["vgpus"] = self.count + (1 if data["change"] == "more" else -1)
+            return data
+        try:
+            chosen = parsing.parse_int(data.get("requested_profile") or "")
+        except parsing.ParseError:
+            chosen = None
+        data["profile"] = VgpuProfile.objects.filter(pk=chosen).first() if chosen is not None else None
+        if data["profile"] is None:
+            self.add_error("requested_profile", NO_PROFILE)
+        data["vgpus"] = self.count or 1
+        return data
 
 
 @login_required
@@ -169,22 +205,14 @@ def request_file(request, vm_pk: int):
     if not is_fleet_admin(request.user) and getattr(vm.artist, "user_id", None) != request.user.pk:
         raise PermissionDenied("You may only request changes for your own workstation.")
     current, count = service.current_vgpus(vm)
-    change = request.POST.get("change", "profile")
+    form = RequestFileForm(request.POST, current=current, count=count)
     try:
-        if change in ("more", "less") and current is not None:
-            profile, vgpus = current, count + (1 if change == "more" else -1)
-        else:
-            try:
-                chosen = parsing.parse_int(request.POST.get("requested_profile", ""))
-            except parsing.ParseError:
-                chosen = None
-            profile = VgpuProfile.objects.filter(pk=chosen).first() if chosen is not None else None
-            if profile is None:
-                raise service.RequestError({"requested_profile": NO_PROFILE})
-            vgpus = count or 1
-        service.file_request(vm, request.user, profile, vgpus, _text(request, "reason"),
-                             _when(request.POST.get("wished_from", ""), "wished_from"),
-                             _when(request.POST.get("wished_until", ""), "wished_until"))
+        if not form.is_valid():
+            raise service.RequestError({name: " ".join(errors) for name, errors in form.errors.items()})
+        data = form.cleaned_data
+        profile, vgpus = data["profile"], data["vgpus"]
+        service.file_request(vm, request.user, profile, vgpus, data["reason"], data["wished_from"],
+                             data["wished_until"])
         messages.success(request, f"Request for {vm.name} ({vgpus} x {profile.name}) filed; "
                                   "you will be notified of the decision.")
     except PermissionError as exc:
