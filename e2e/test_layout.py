@@ -64,6 +64,7 @@ PAGES = [
     Page("optimizer", "sizing:optimizer", "admin"),
     Page("optimizer-run", "sizing:optimizer-run", "admin", "run"),
     Page("requests", "fleet:requests", "admin"),
+    Page("request-review", "fleet:request-review", "admin", "request"),
     Page("audit", "fleet:audit", "admin"),
     Page("notifications", "fleet:notifications", "admin"),
     Page("admin-workstation", "fleet:workstation", "admin"),
@@ -78,6 +79,7 @@ PAGES = [
 NOT_PAGES = {
     "fleet:overview-live": "fragment of the overview",
     "fleet:scheduler-gpu-box": "fragment of the GPU detail page",
+    "fleet:request-room": "fragment of the request queue",
     "fleet:request-decide": "POST",
     "fleet:request-file": "POST",
     "fleet:scheduler-gpu-apply": "POST",
@@ -173,11 +175,11 @@ def demo_ids(world) -> dict[str, int]:
     admin, user = User.objects.get(username="admin"), world.artist.user
     rejected = resize_requests.file_request(vm, user, others.order_by("fb_mib").first(), 1, "lookdev review")
     resize_requests.reject(rejected, admin, "No room this week; ask again after the review.")
-    resize_requests.file_request(vm, user, others.order_by("-fb_mib").first(), 1, "heavier scenes this month")
+    pending = resize_requests.file_request(vm, user, others.order_by("-fb_mib").first(), 1, "heavier scenes this month")
     run = optimizer_runs.start_run(None, include_suggestions=True)
     optimizer_runs.execute_run(run.pk)
     return {"host": vgpu.gpu.host_id, "gpu": vgpu.gpu_id, "gpu_model": vgpu.gpu.gpu_model_id, "vm": vm.pk,
-            "artist": world.artist.pk, "run": run.pk}
+            "artist": world.artist.pk, "run": run.pk, "request": pending.pk}
 
 
 def screenshot(page, path: Path) -> None:

@@ -22,7 +22,7 @@ pytestmark = pytest.mark.faults
 
 
 def host_names(client) -> list[str]:
-    status, body, _ = client.get("/api/v1/hosts/?page_size=100")
+    status, body, _ = client.get("/api/v1/hosts/?limit=100")
     assert status == 200, body
     return sorted(row["name"] for row in json.loads(body)["results"])
 
