@@ -8,6 +8,8 @@ from django import forms
 from django.http import HttpRequest
 from django.utils.http import url_has_allowed_host_and_scheme
 
+from telemetry.ranges import DEFAULT_PRESET, RangeError, TimeRange, resolve_range
+
 
 def field_errors(form: forms.Form) -> str:
     """Every error of `form` as "field: why", for a 400 answer or a message."""
@@ -41,3 +43,46 @@ class SchedulerListForm(forms.Form):
     differs from the desired one."""
 
     drift = forms.ChoiceField(choices=[("", "All GPUs"), ("1", "Drifting only")], required=False)
+
+
+class RangeForm(forms.Form):
+    """A detail page's time range: a preset (`?range=`), a custom `?start=&end=`, or `?at=`
+    (a heatmap click), read by `telemetry.ranges` as every page reads them. An unusable range
+    is an error of the field it concerns; `time_range` is then the page's default, so the page
+    still draws and keeps what was typed."""
+
+    range = forms.CharField(required=False, max_length=16)
+    start = forms.CharField(required=False, max_length=64)
+    end = forms.CharField(required=False, max_length=64)
+    at = forms.CharField(required=False, max_length=64)
+
+    def __init__(self, data, *, now, default: str = DEFAULT_PRESET):
+        super().__init__(data)
+        self.now, self.default = now, default
+
+    def clean(self):
+        data = super().clean()
+        asked = {name: value for name, value in data.items() if value}
+        try:
+            data["time_range"] = resolve_range(asked or {"range": self.default}, self.now)
+        except RangeError as exc:
+            self.add_error(exc.param, str(exc))
+        return data
+
+    @property
+    def time_range(self) -> TimeRange:
+        if self.is_valid():
+            return self.cleaned_data["time_range"]
+        return resolve_range({"range": self.default}, self.now)
+
+    @property
+    def error(self) -> str:
+        """The refusal to show above the page ("" for a usable range)."""
+        return "" if self.is_valid() else " ".join(e for errors in self.errors.values() for e in errors)
+
+
+class DecisionForm(NextForm):
+    """An admin's approval or rejection of a request: the comment (free text; a NUL character,
+    which PostgreSQL cannot store, is refused by the field) and where to go back to."""
+
+    comment = forms.CharField(required=False, strip=False)

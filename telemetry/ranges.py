@@ -27,7 +27,12 @@ AROUND = timedelta(hours=6)
 
 
 class RangeError(ValueError):
-    """A range the page cannot show; the message says what to change."""
+    """A range the page cannot show; the message says what to change, `param` which query
+    parameter is at fault (None when it is the combination)."""
+
+    def __init__(self, message: str, param: str | None = None):
+        super().__init__(message)
+        self.param = param
 
 
 @dataclass(frozen=True)
@@ -63,7 +68,7 @@ def _parse(raw: str, name: str) -> datetime:
     try:
         return parsing.parse_time(raw)
     except parsing.ParseError as exc:
-        raise RangeError(f"{name} {exc}") from None
+        raise RangeError(f"{name} {exc}", name) from None
 
 
 def resolve_range(params, now: datetime) -> TimeRange:
@@ -89,5 +94,5 @@ def resolve_range(params, now: datetime) -> TimeRange:
         return TimeRange("custom", start, end)
     key = (params.get("range") or DEFAULT_PRESET).strip()
     if key not in PRESETS:
-        raise RangeError(f"Unknown range {key!r}: use {', '.join(PRESETS)} or a custom start and end.")
+        raise RangeError(f"Unknown range {key!r}: use {', '.join(PRESETS)} or a custom start and end.", "range")
     return TimeRange(key, now - PRESETS[key], now)

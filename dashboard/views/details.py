@@ -34,16 +34,14 @@ from dashboard.details import (
     vm_usage,
     vms_with_vgpus,
 )
+from dashboard.forms import RangeForm
 from fleet import audit
 from fleet.models import AuditEvent, Vgpu, VirtualMachine
 from fleet.queries import gpus_for, hosts_for, visible_artists, visible_vms
 from telemetry.metrics import HOURLY, default_step
 from telemetry.models import AgentStatus
 from telemetry.queries import latest_gpu_samples, latest_vgpu_samples
-from telemetry.ranges import PRESET_LABELS, PRESETS, RangeError, TimeRange, resolve_range
-
-RANGE_PARAMS = ("range", "start", "end", "at")
-
+from telemetry.ranges import PRESET_LABELS, PRESETS, TimeRange
 
 # Time range --------------------------------------------------------------------------------
 
@@ -51,12 +49,8 @@ RANGE_PARAMS = ("range", "start", "end", "at")
 def page_range(request, default: str = "24h") -> tuple[TimeRange, str]:
     """The page's range and, for an unusable one, the message to show (the page then shows
     `default` instead, answered with status 400, and keeps what was typed in the form)."""
-    params = request.GET if any(request.GET.get(name) for name in RANGE_PARAMS) else {"range": default}
-    now = timezone.now()
-    try:
-        return resolve_range(params, now), ""
-    except RangeError as exc:
-        return resolve_range({"range": default}, now), str(exc)
+    form = RangeForm(request.GET, now=timezone.now(), default=default)
+    return form.time_range, form.error
 
 
 @dataclass(frozen=True)

@@ -26,10 +26,11 @@ from django.utils.html import format_html
 
 from config import parsing
 from dashboard.access import staff_required
+from dashboard.forms import RangeForm
 from fleet.models import Host
 from telemetry.metrics import METRICS
 from telemetry.queries import agent_status_counts
-from telemetry.ranges import PRESET_LABELS, RangeError, TimeRange, resolve_range
+from telemetry.ranges import PRESET_LABELS, TimeRange
 
 TEMPLATE = "telemetry/heatmap.html"
 
@@ -176,7 +177,7 @@ class HeatmapForm(forms.Form):
 
 
 def _range_params(params: QueryDict, default_key: str) -> tuple[str, dict[str, str]]:
-    """The range key the form shows and the parameters `resolve_range` reads. The form always
+    """The range key the form shows and the parameters RangeForm reads. The form always
     sends its start and end inputs; they count only with `range=custom` (or with no preset, a
     hand-written `?start=&end=` URL), so picking a preset after a custom range just works."""
     key = (params.get("range") or "").strip()
@@ -244,11 +245,10 @@ def heatmap_page(request):
     host_id = form.value("host", None)
 
     range_key, range_query = _range_params(params, view.default_range)
-    time_range: TimeRange | None = None
-    try:
-        time_range = resolve_range(range_query, timezone.now())
-    except RangeError as exc:
-        errors.append(str(exc))
+    range_form = RangeForm(range_query, now=timezone.now(), default=view.default_range)
+    time_range: TimeRange | None = range_form.time_range if range_form.is_valid() else None
+    if range_form.error:
+        errors.append(range_form.error)
 
     chosen = params.get("range") or params.get("start") or params.get("end")
     agents = agent_status_counts()

@@ -18,7 +18,7 @@ from django.views.decorators.http import require_POST
 
 from config import parsing
 from config.roles import is_fleet_admin
-from dashboard.forms import NextForm
+from dashboard.forms import DecisionForm, NextForm
 from fleet import request_preview
 from fleet import requests as service
 from fleet.choices import ResizeStatus
@@ -125,9 +125,9 @@ def request_decide(request, pk: int, verb: str):
             if refusal := _confirmed(request, obj):
                 messages.error(request, f"Request #{pk} was not approved: {refusal}")
                 return redirect("fleet:request-review", pk=pk)
-            service.approve(obj, request.user, _text(request, "comment"))
+            service.approve(obj, request.user, _comment(request))
         else:
-            service.reject(obj, request.user, _text(request, "comment"))
+            service.reject(obj, request.user, _comment(request))
         messages.success(request, f"Request #{pk} for {obj.vm.name} ({service.describe(obj)}) {DONE[verb]}.")
     except PermissionError as exc:
         raise PermissionDenied(str(exc)) from exc
@@ -140,13 +140,13 @@ def request_decide(request, pk: int, verb: str):
     return redirect(NextForm(request.POST).next_url(request, default))
 
 
-def _text(request, name: str) -> str:
-    """A text field of the form, as Django's form fields take one: a NUL character (which
-    PostgreSQL cannot store) is refused with the field's message."""
-    try:
-        return forms.CharField(required=False, strip=False).clean(request.POST.get(name, ""))
-    except ValidationError as exc:
-        raise service.RequestError({name: " ".join(exc.messages)}) from None
+def _comment(request) -> str:
+    """The decision's comment, read by DecisionForm; a refused one (a NUL character, which
+    PostgreSQL cannot store) is a RequestError naming the field."""
+    form = DecisionForm(request.POST)
+    if not form.is_valid():
+        raise service.RequestError({name: " ".join(errors) for name, errors in form.errors.items()})
+    return form.cleaned_data["comment"]
 
 
 class WishedTimeField(forms.CharField):
