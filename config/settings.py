@@ -94,6 +94,7 @@ INSTALLED_APPS = [
     "csp",
     "fleet",
     "telemetry",
+    "hypervisors",  # acts on each host's hypervisor (above telemetry, whose agents it asks)
     "sizing",
     "dashboard",  # the pages, on top of the three domain apps
 ]
@@ -343,6 +344,14 @@ CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 # A worker whose broker went away keeps trying to reconnect however long the outage lasts
 # (Celery's default gives up and exits after 100 attempts, some 45 minutes).
 CELERY_BROKER_CONNECTION_MAX_RETRIES = None
+
+# Hypervisors: a host's `hypervisor_secret_ref` names a file in this folder (a password, an SSH
+# private key, or a folder of TLS material); secrets never live in the database. Simulated
+# hypervisors (sim:// URIs, the demo) keep their state in HYPERVISOR_SIM_DIR. An operation waits
+# this long for a guest to power off before it gives up and rolls back.
+HYPERVISOR_SECRETS_DIR = Path(env_str("HYPERVISOR_SECRETS_DIR", str(BASE_DIR / "var" / "secrets")))
+HYPERVISOR_SIM_DIR = Path(env_str("HYPERVISOR_SIM_DIR", str(BASE_DIR / "var" / "sim-hypervisors")))
+HYPERVISOR_SHUTDOWN_TIMEOUT_S = env_float("HYPERVISOR_SHUTDOWN_TIMEOUT_S", 300.0)
 
 # Telemetry: agent tokens are derived from this key (defaults to SECRET_KEY; changing it
 # revokes every agent token). An agent not seen for TELEMETRY_STALE_AFTER_S is stale.

@@ -14,7 +14,7 @@ from django.db import models
 from django.db.models import Q
 from django.utils import timezone
 
-from fleet import placement
+from fleet import hypervisor_link, placement
 from fleet.choices import (
     AuditSource,
     GpuMode,
@@ -122,6 +122,20 @@ def default_ram_overcommit() -> float:
     return settings.FLEET_DEFAULT_RAM_OVERCOMMIT
 
 
+def validate_hypervisor_uri(value: str) -> None:
+    try:
+        hypervisor_link.check_uri(value)
+    except hypervisor_link.InvalidLink as exc:
+        raise ValidationError(str(exc), code="invalid") from None
+
+
+def validate_secret_ref(value: str) -> None:
+    try:
+        hypervisor_link.check_secret_ref(value)
+    except hypervisor_link.InvalidLink as exc:
+        raise ValidationError(str(exc), code="invalid") from None
+
+
 class Host(models.Model):
     """A GPU server running a hypervisor; its CPU threads and RAM bound the VMs it can run."""
 
@@ -142,6 +156,16 @@ class Host(models.Model):
         "several vGPUs of a VM on one GPU", default=False,
         help_text="Allow a VM's vGPUs to share one physical GPU (NVIDIA allows it on recent vGPU releases and "
                   "supported hypervisors only); off, each vGPU of a VM gets a GPU of its own",
+    )
+    hypervisor_uri = models.CharField(
+        "hypervisor URI", max_length=500, blank=True, validators=[validate_hypervisor_uri],
+        help_text="The hypervisor this product acts on, e.g. qemu+ssh://root@node-01/system, qemu:///system "
+                  "or sim://node-01 (the demo's simulator); empty: the product changes only its inventory",
+    )
+    hypervisor_secret_ref = models.CharField(
+        "hypervisor secret", max_length=100, blank=True, validators=[validate_secret_ref],
+        help_text="Name of a file in the secrets folder (HYPERVISOR_SECRETS_DIR) holding the password, SSH key "
+                  "or TLS material; the secret itself is never stored here",
     )
     created_at = models.DateTimeField(auto_now_add=True)
 
@@ -274,6 +298,11 @@ class Vgpu(models.Model):
     profile = models.ForeignKey(VgpuProfile, on_delete=models.PROTECT, related_name="vgpus")
     placement_id = models.PositiveSmallIntegerField(
         help_text="Slot on the GPU: index in equal-size mode, aligned grid offset in mixed-size mode",
+    )
+    device_id = models.CharField(
+        "device", max_length=64, blank=True,
+        help_text="The vGPU instance on the host: its mdev UUID, or its SR-IOV VF's PCI address (vGPU 17+); "
+                  "filled by hypervisor sync and operations",
     )
     created_at = models.DateTimeField(auto_now_add=True)
 

@@ -1,0 +1,65 @@
+"""How a host names its hypervisor link: the URI and the reference to its credentials.
+
+Checked here, below the hypervisors app, so the admin site, the API and the forms refuse a
+malformed link when it is typed, not when an operation first uses it. Pure: no Django.
+
+- `hypervisor_uri`: a libvirt URI (`qemu+ssh://root@node-01/system`, `qemu+tls://node-01/system`,
+  `qemu:///system` for a worker on the host itself, `test+unix:///default?socket=...` for
+  libvirt's test driver) or `sim://NAME` for the simulated hypervisor of the demo. Empty: the
+  host is not linked, and the product changes only its own inventory for it.
+- `hypervisor_secret_ref`: the name of a file in HYPERVISOR_SECRETS_DIR holding a password, an
+  SSH private key or a folder of TLS material; a name, never a path, and never the secret.
+"""
+
+from __future__ import annotations
+
+import re
+from urllib.parse import urlsplit
+
+#: The drivers libvirt is asked for (with or without a transport), and the demo's simulator.
+LIBVIRT_DRIVERS = ("qemu", "test", "lxc", "xen", "ch")
+LIBVIRT_TRANSPORTS = ("", "ssh", "tls", "tcp", "unix", "libssh", "libssh2", "ext")
+SIM_SCHEME = "sim"
+EXAMPLES = "qemu+ssh://root@node-01/system, qemu:///system or sim://node-01"
+
+_SECRET_REF = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
+
+
+class InvalidLink(ValueError):
+    """A URI or secret reference the product cannot use; the message says what one looks like."""
+
+
+def check_uri(text: str) -> str:
+    """`text` stripped, or InvalidLink naming what is wrong. "" (not linked) is allowed."""
+    value = text.strip()
+    if not value:
+        return ""
+    if len(value) > 500 or not value.isascii() or any(ch.isspace() or ord(ch) < 32 for ch in value):
+        raise InvalidLink(f"A hypervisor URI is one line of plain characters, e.g. {EXAMPLES}.")
+    parts = urlsplit(value)
+    scheme = parts.scheme.lower()
+    if scheme == SIM_SCHEME:
+        if not parts.netloc:
+            raise InvalidLink("A simulated hypervisor is named after the host: sim://node-01.")
+        return value
+    driver, _, transport = scheme.partition("+")
+    if driver not in LIBVIRT_DRIVERS or transport not in LIBVIRT_TRANSPORTS or "://" not in value:
+        raise InvalidLink(f"Unknown hypervisor URI scheme {parts.scheme or value!r}: use a libvirt URI "
+                          f"({', '.join(d + '://' for d in LIBVIRT_DRIVERS[:2])}, with +ssh, +tls, … for a "
+                          f"remote host) or sim://, e.g. {EXAMPLES}.")
+    if transport in ("ssh", "tls", "tcp", "libssh", "libssh2") and not parts.hostname:
+        raise InvalidLink(f"A remote hypervisor URI names its host: {driver}+{transport}://node-01/system.")
+    return value
+
+
+def is_simulated(uri: str) -> bool:
+    return urlsplit(uri).scheme.lower() == SIM_SCHEME
+
+
+def check_secret_ref(text: str) -> str:
+    """`text` stripped, or InvalidLink: a file name in HYPERVISOR_SECRETS_DIR, not a path."""
+    value = text.strip()
+    if value and (not _SECRET_REF.fullmatch(value) or value in (".", "..")):
+        raise InvalidLink("A secret reference is the name of a file in the secrets folder (letters, digits, "
+                          "dots, dashes and underscores; no slashes), e.g. node-01-ssh-key.")
+    return value
