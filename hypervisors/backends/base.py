@@ -169,3 +169,18 @@ class Backend(Protocol):
 
     def close(self) -> None:
         """Release the link."""
+
+
+class DeviceManager(Protocol):
+    """Who creates and removes vGPU instances on a host, for a backend that cannot itself:
+    libvirt's node-device API where the host's libvirt supports it, otherwise the host agent's
+    token-scoped device action (`hypervisors.agent_devices`), which writes the host's sysfs in
+    either NVIDIA layout (mdev, or SR-IOV on vGPU 17+)."""
+
+    def vgpu_types(self) -> list[VgpuType]: ...
+
+    def vgpu_devices(self) -> list[VgpuDevice]: ...
+
+    def create_vgpu(self, gpu_bus_id: str, type_name: str) -> VgpuDevice: ...
+
+    def remove_vgpu(self, device: VgpuDevice) -> None: ...
