@@ -352,6 +352,12 @@ CELERY_BROKER_CONNECTION_MAX_RETRIES = None
 HYPERVISOR_SECRETS_DIR = Path(env_str("HYPERVISOR_SECRETS_DIR", str(BASE_DIR / "var" / "secrets")))
 HYPERVISOR_SIM_DIR = Path(env_str("HYPERVISOR_SIM_DIR", str(BASE_DIR / "var" / "sim-hypervisors")))
 HYPERVISOR_SHUTDOWN_TIMEOUT_S = env_float("HYPERVISOR_SHUTDOWN_TIMEOUT_S", 300.0)
+# A running operation whose worker has given no sign for this long is resumed by another; one
+# stopped on an unreachable hypervisor is tried again after HYPERVISOR_RETRY_S. The last step
+# waits up to HYPERVISOR_VERIFY_WAIT_S for the host's agent to report the VM's new vGPUs.
+HYPERVISOR_HEARTBEAT_STALE_S = env_float("HYPERVISOR_HEARTBEAT_STALE_S", 120.0)
+HYPERVISOR_RETRY_S = env_float("HYPERVISOR_RETRY_S", 30.0)
+HYPERVISOR_VERIFY_WAIT_S = env_float("HYPERVISOR_VERIFY_WAIT_S", 30.0)
 
 # Telemetry: agent tokens are derived from this key (defaults to SECRET_KEY; changing it
 # revokes every agent token). An agent not seen for TELEMETRY_STALE_AFTER_S is stale.

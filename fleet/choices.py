@@ -56,6 +56,10 @@ class ResizeStatus(TextChoices):
     APPROVED = "approved", "Approved and applied"
     REJECTED = "rejected", "Rejected"
     CANCELLED = "cancelled", "Cancelled"
+    # On a host linked to its hypervisor, approval reserves the change in the inventory and an
+    # operation carries it out; it ends approved, or failed (rolled back, with the reason).
+    APPLYING = "applying", "Approved, being applied"
+    FAILED = "failed", "Approved, but applying failed"
 
 
 class SchedulerPolicyName(TextChoices):

@@ -23,7 +23,7 @@ from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from config.roles import is_fleet_admin
-from fleet import audit, fit, locks, placement, services
+from fleet import audit, fit, locks, placement, services, signals
 from fleet.choices import ResizeStatus
 from fleet.models import Gpu, Notification, ResizeRequest, Vgpu, VgpuProfile, VirtualMachine
 from fleet.placement import PlacementError, Violation
@@ -224,26 +224,103 @@ def _lock_for_approval(request: ResizeRequest, touched: dict[str, set]) -> Resiz
     return locked
 
 
-def approve(request: ResizeRequest, admin, comment: str = "") -> ResizeRequest:
-    """Apply `request` in one transaction, or raise FleetConflict leaving it pending with `last_error`."""
+def approve(request: ResizeRequest, admin, comment: str = "", *, run_now: bool = False) -> ResizeRequest:
+    """Apply `request` in one transaction, or raise FleetConflict leaving it pending with `last_error`.
+
+    On a host linked to its hypervisor, a receiver of `signals.change_approved` takes the change
+    on as an operation: the request is then APPLYING until the operation ends (`mark_applied` or
+    `revert_approval`); otherwise it is APPROVED, and the inventory change is all there is.
+    `run_now` asks the operation to start at once rather than in the request's wished window
+    (or when an admin runs it)."""
     try:
         touched = _touched(request)
         with transaction.atomic():
             locked = _lock_for_approval(request, touched)
             before = audit.snapshot(locked)
+            held = vgpu_rows(locked.vm_id)
             with audit.because(f"resize request #{locked.pk}"):
-                _place_all(locked)
-            locked.status, locked.decided_by, locked.decided_at = ResizeStatus.APPROVED, admin, timezone.now()
+                placed = _place_all(locked)
+            carried = [answer for _, answer in signals.change_approved.send(
+                sender=ResizeRequest, request=locked, before=held, placed=placed, actor=admin, run_now=run_now)
+                if answer]
+            locked.status = ResizeStatus.APPLYING if carried else ResizeStatus.APPROVED
+            locked.decided_by, locked.decided_at = admin, timezone.now()
             locked.decision_comment, locked.last_error = comment, ""
             locked.save()
             audit.record("resize_request.approve", locked, before=before, after=audit.snapshot(locked),
                          comment=comment)
-            _notify_artist(locked, f"Your request for {locked.vm.name} ({describe(locked)}) was approved and applied.")
+            if carried:
+                _notify_artist(locked, f"Your request for {locked.vm.name} ({describe(locked)}) was approved: "
+                                       f"{carried[0]}")
+            else:
+                _notify_artist(locked, f"Your request for {locked.vm.name} ({describe(locked)}) was approved and "
+                                       "applied.")
             return locked
     except services.FleetConflict as exc:
         ResizeRequest.objects.filter(pk=request.pk, status=ResizeStatus.PENDING).update(
             last_error=str(exc), updated_at=timezone.now())
         raise
+
+
+def vgpu_rows(vm_id: int) -> list[dict]:
+    """The VM's vGPUs as plain values (what an operation keeps to put them back)."""
+    return list(Vgpu.objects.filter(vm_id=vm_id).order_by("pk").values(
+        "gpu_id", "profile_id", "placement_id", "device_id"))
+
+
+def mark_applied(request: ResizeRequest, note: str = "") -> ResizeRequest:
+    """The operation carrying out `request` succeeded: APPLYING becomes APPROVED, and the artist
+    is told. A request in any other state is left as it is."""
+    with transaction.atomic():
+        locked = locks.lock_for_change(requests=[request]).requests[request.pk]
+        if locked.status != ResizeStatus.APPLYING:
+            return locked
+        before = audit.snapshot(locked)
+        locked.status, locked.last_error = ResizeStatus.APPROVED, ""
+        locked.save(update_fields=["status", "last_error", "updated_at"])
+        audit.record("resize_request.applied", locked, before=before, after=audit.snapshot(locked), comment=note)
+        _notify_artist(locked, f"{locked.vm.name} now has {describe(locked)}: the change is applied"
+                               f"{' (' + note + ')' if note else ''}.")
+        return locked
+
+
+def revert_approval(request: ResizeRequest, before: list[dict], reason: str) -> ResizeRequest:
+    """The operation carrying out `request` failed and undid its work on the hypervisor: put the
+    VM's vGPUs back as `before` lists them (through placement, as any change), mark the request
+    FAILED with `reason`, and tell the artist. FleetConflict when the old vGPUs no longer fit
+    (the reason then says so, and the inventory keeps the approved state for the admin to fix)."""
+    with transaction.atomic():
+        locked = locks.lock_for_change(requests=[request]).requests[request.pk]
+        if locked.status != ResizeStatus.APPLYING:
+            return locked
+        with audit.because(f"resize request #{locked.pk} failed to apply"):
+            restore_vgpus(locked.vm, before)
+        previous = audit.snapshot(locked)
+        locked.status, locked.last_error = ResizeStatus.FAILED, reason[:2000]
+        locked.save(update_fields=["status", "last_error", "updated_at"])
+        audit.record("resize_request.failed", locked, before=previous, after=audit.snapshot(locked), comment=reason)
+        _notify_artist(locked, f"Your request for {locked.vm.name} ({describe(locked)}) could not be applied and "
+                               f"was rolled back: {reason}")
+        return locked
+
+
+def restore_vgpus(vm: VirtualMachine, rows: list[dict]) -> list[Vgpu]:
+    """Replace the VM's vGPUs with `rows` (from `vgpu_rows`), each checked by placement again."""
+    services.remove_vgpus(Vgpu.objects.filter(vm=vm).order_by("pk"))
+    vm = VirtualMachine.objects.get(pk=vm.pk)
+    gpus = Gpu.objects.select_related("host", "gpu_model").in_bulk([row["gpu_id"] for row in rows])
+    profiles = VgpuProfile.objects.in_bulk([row["profile_id"] for row in rows])
+    restored = []
+    for row in rows:
+        try:
+            vgpu = services.place_vgpu(vm, gpus[row["gpu_id"]], profiles[row["profile_id"]])
+        except PlacementError as exc:
+            raise services.FleetConflict(exc.violations) from exc
+        if row.get("device_id"):
+            Vgpu.objects.filter(pk=vgpu.pk).update(device_id=row["device_id"])
+        restored.append(vgpu)
+        vm = vgpu.vm
+    return restored
 
 
 def _decide(request: ResizeRequest, user, status: str, verb: str, comment: str) -> ResizeRequest:
@@ -275,7 +352,13 @@ def cancel(request: ResizeRequest, user) -> ResizeRequest:
 
 
 def _notify_artist(request: ResizeRequest, message: str) -> None:
-    user = getattr(getattr(request.vm, "artist", None), "user", None)
+    notify_artist(request.vm, message)
+
+
+def notify_artist(vm: VirtualMachine, message: str) -> None:
+    """Tell the VM's artist (in the app, and by mail once the transaction commits); nobody to
+    tell for a VM without one."""
+    user = getattr(getattr(vm, "artist", None), "user", None)
     if user is not None:
         _notify([user], message, "/me/")
 

@@ -8,3 +8,9 @@ class HypervisorsConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
     name = "hypervisors"
     verbose_name = "Hypervisors"
+
+    def ready(self):
+        from fleet.signals import change_approved
+        from hypervisors import operations
+
+        change_approved.connect(operations.on_change_approved, dispatch_uid="hypervisors_operations")

@@ -148,9 +148,11 @@ class Backend(Protocol):
     def vgpu_devices(self) -> list[VgpuDevice]:
         """Every vGPU instance that exists on the host, whether a domain uses it or not."""
 
-    def create_vgpu(self, gpu_bus_id: str, type_name: str) -> VgpuDevice:
+    def create_vgpu(self, gpu_bus_id: str, type_name: str, *, device_id: str = "") -> VgpuDevice:
         """Create one vGPU of the type named `type_name` on that GPU; NoInstanceAvailable when
-        the GPU cannot take it."""
+        the GPU cannot take it. `device_id`, when given, is the id to create it with: an mdev
+        UUID (so a retried step finds the device it made, and a rollback recreates the one a
+        definition names), or the VF to use; a layout that cannot honour it picks its own."""
 
     def remove_vgpu(self, device: VgpuDevice) -> None:
         """Remove a vGPU instance; a device already gone is not an error. DeviceBusy when a
@@ -181,6 +183,6 @@ class DeviceManager(Protocol):
 
     def vgpu_devices(self) -> list[VgpuDevice]: ...
 
-    def create_vgpu(self, gpu_bus_id: str, type_name: str) -> VgpuDevice: ...
+    def create_vgpu(self, gpu_bus_id: str, type_name: str, *, device_id: str = "") -> VgpuDevice: ...
 
     def remove_vgpu(self, device: VgpuDevice) -> None: ...

@@ -1,0 +1,573 @@
+"""Operations: an approved change carried out on the hypervisor, step by step.
+
+Approving a resize request for a VM on a linked host (`Host.hypervisor_uri`) reserves the change
+in the inventory, as any approval does, and creates an Operation here (`on_change_approved`,
+a receiver of `fleet.signals.change_approved`, in the approval's own transaction). The operation
+then makes the hypervisor match: notify the artist, shut the VM down, remove its old vGPU
+devices, create the new ones on the GPUs placement chose, redefine the VM, move it when its
+new GPUs are on another host, start it, verify.
+
+Safety, in the order it matters:
+- One operation per VM and per GPU at a time: `OperationClaim`'s partial unique constraints
+  refuse a second, so an approval touching a busy GPU is refused whole.
+- Every step is idempotent and judged by the state it finds (a VM already off is not shut down
+  again; a device created with the UUID the step chose beforehand is found, not made twice), so
+  a run killed at any point is resumed by the next (`resume_due`, from the beat schedule) and
+  ends where an uninterrupted run would.
+- A failure undoes everything by state, not by bookkeeping: the hypervisor is put back as
+  `Operation.before` describes it (old devices, saved definition, host, power state) and then
+  the inventory (`fleet.requests.revert_approval`); the request is marked failed with the
+  reason. An unreachable hypervisor is not a failure: the run stops, says so, and is taken again
+  every HYPERVISOR_RETRY_S until the hypervisor answers (neither going on nor undoing can work
+  without it).
+- Every step leaves an AuditEvent.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid as uuidlib
+from dataclasses import dataclass
+from datetime import timedelta
+
+from django.conf import settings
+from django.db import IntegrityError, transaction
+from django.db.models import Q
+from django.utils import timezone
+
+from fleet import audit, locks
+from fleet import requests as fleet_requests
+from fleet.models import Gpu, Host, ResizeRequest, Vgpu, VirtualMachine
+from fleet.pci import canonical_pci_bus_id
+from fleet.placement import Rule
+from fleet.services import FleetConflict
+from hypervisors import matching
+from hypervisors.backends import open_backend
+from hypervisors.backends.base import (
+    Backend,
+    DeviceKind,
+    DomainNotFound,
+    DomainSpec,
+    HypervisorError,
+    PowerState,
+    ShutdownTimeout,
+    Unreachable,
+    VgpuDevice,
+)
+from hypervisors.choices import OperationKind, OperationStatus, StepKind, StepStatus
+from hypervisors.models import ACTIVE, Operation, OperationClaim, OperationStep
+from telemetry.models import VgpuSample
+
+log = logging.getLogger(__name__)
+
+#: How long one call to the hypervisor's shutdown waits before the run says it is alive again.
+SHUTDOWN_SLICE_S = 10.0
+
+
+# Creating an operation -------------------------------------------------------------------------
+
+
+def linked(host: Host | None) -> bool:
+    return bool(host and host.hypervisor_uri)
+
+
+def on_change_approved(sender, request: ResizeRequest, before: list[dict], placed: list[Vgpu], actor=None,
+                       run_now: bool = False, **kwargs) -> str | None:
+    """Receiver of `fleet.signals.change_approved`: an Operation for a VM whose host is linked,
+    and what the artist is told about it; None (nothing to carry out) when neither host is."""
+    gpus = Gpu.objects.select_related("host").in_bulk([row["gpu_id"] for row in before] +
+                                                      [vgpu.gpu_id for vgpu in placed])
+    vm = VirtualMachine.objects.select_related("host").get(pk=request.vm_id)
+    source = gpus[before[0]["gpu_id"]].host if before else vm.host
+    target = gpus[placed[0].gpu_id].host if placed else vm.host
+    if not linked(source) and not linked(target):
+        return None
+    for host in (source, target):
+        if not linked(host):
+            raise locks.conflict(f"{vm.name} would move between {source.name} and {target.name}, but {host.name} "
+                                 "has no hypervisor link: link it, or approve a change that stays on one host.",
+                                 Rule.VM_HOST)
+    operation = create(vm, source, target, before=before, placed=placed, gpus=gpus, request=request, actor=actor,
+                       not_before=request.wished_from, not_after=request.wished_until, run_now=run_now)
+    if run_now:
+        return f"the change is being applied now (operation #{operation.pk}); {vm.name} is shut down for it."
+    if operation.not_before:
+        return (f"the change will be applied in the window you asked for, from "
+                f"{timezone.localtime(operation.not_before):%Y-%m-%d %H:%M} (operation #{operation.pk}).")
+    return f"the change will be applied when an admin runs operation #{operation.pk}."
+
+
+def create(vm: VirtualMachine, source: Host, target: Host, *, before: list[dict], placed: list[Vgpu], gpus: dict,
+           request: ResizeRequest | None = None, actor=None, not_before=None, not_after=None,
+           run_now: bool = False, kind: str = OperationKind.RESIZE, origin: str = "") -> Operation:
+    """An operation with its steps and claims, inside the caller's transaction; FleetConflict
+    when the VM or one of the GPUs is in another active operation."""
+    vgpus_before = [{**row, "gpu_bus_id": gpus[row["gpu_id"]].pci_bus_id} for row in before]
+    vgpus_after = [{"vgpu_id": vgpu.pk, "gpu_id": vgpu.gpu_id, "gpu_bus_id": vgpu.gpu.pci_bus_id,
+                    "profile": vgpu.profile.name} for vgpu in placed]
+    operation = Operation.objects.create(
+        kind=kind, vm=vm, host=source, target_host=target, request=request,
+        origin=origin or (f"resize request #{request.pk}" if request else ""),
+        before={"vcpus": vm.vcpus, "ram_mib": vm.ram_gib * 1024, "vgpus": vgpus_before},
+        after={"vcpus": vm.vcpus, "ram_mib": vm.ram_gib * 1024, "vgpus": vgpus_after},
+        not_before=not_before, not_after=not_after, run_now=run_now, created_by=actor,
+    )
+    kinds = [StepKind.NOTIFY, StepKind.SHUTDOWN, StepKind.REMOVE_VGPU]
+    kinds += [StepKind.CREATE_VGPU] * len(vgpus_after)
+    kinds += [StepKind.REDEFINE] + ([StepKind.MOVE_DOMAIN] if target.pk != source.pk else [])
+    kinds += [StepKind.START, StepKind.VERIFY]
+    created = iter(vgpus_after)
+    steps = []
+    for index, step_kind in enumerate(kinds):
+        args = {}
+        if step_kind == StepKind.CREATE_VGPU:
+            # The id is chosen now, so a retried step finds the device it made (mdev layout).
+            args = {**next(created), "device_id": str(uuidlib.uuid4())}
+        steps.append(OperationStep(operation=operation, index=index, kind=step_kind, args=args))
+    OperationStep.objects.bulk_create(steps)
+    _claim(operation, vm, {row["gpu_id"] for row in vgpus_before} | {row["gpu_id"] for row in vgpus_after}, gpus)
+    audit.record("operation.create", operation, after=_summary(operation))
+    if run_now or _due(operation, timezone.now()):
+        transaction.on_commit(lambda: enqueue(operation.pk))
+    return operation
+
+
+def _claim(operation: Operation, vm: VirtualMachine, gpu_ids: set[int], gpus: dict) -> None:
+    claims = [OperationClaim(operation=operation, vm=vm)]
+    claims += [OperationClaim(operation=operation, gpu_id=gpu_id) for gpu_id in sorted(gpu_ids)]
+    try:
+        with transaction.atomic():
+            OperationClaim.objects.bulk_create(claims)
+    except IntegrityError:
+        busy = (OperationClaim.objects.filter(active=True).filter(Q(vm=vm) | Q(gpu_id__in=gpu_ids))
+                .exclude(operation=operation).select_related("operation", "gpu").first())
+        what = f"GPU {busy.gpu.label}" if busy and busy.gpu_id else vm.name
+        number = f" #{busy.operation_id}" if busy else ""
+        raise locks.conflict(f"{what} is being changed by operation{number}: try again once it has ended.",
+                             Rule.PLACEMENT_SLOT) from None
+
+
+def _summary(operation: Operation) -> dict:
+    return {"status": operation.status, "kind": operation.kind, "vm": operation.vm_id,
+            "host": operation.host_id, "target_host": operation.target_host_id, "origin": operation.origin}
+
+
+# Running -----------------------------------------------------------------------------------------
+
+
+def enqueue(operation_id: int) -> None:
+    """Hand the operation to a worker (a broker outage leaves it for `resume_due` to pick up)."""
+    from hypervisors.tasks import run_operation
+
+    try:
+        run_operation.delay(operation_id)
+    except Exception:  # noqa: BLE001 - the beat's resume_due enqueues it again
+        log.warning("could not enqueue operation %s; the periodic resume will", operation_id, exc_info=True)
+
+
+def _due(operation: Operation, now) -> bool:
+    return operation.run_now or (operation.not_before is not None and operation.not_before <= now)
+
+
+def stale_before(now):
+    """A running operation whose heartbeat is older than this has lost its worker."""
+    return now - timedelta(seconds=settings.HYPERVISOR_HEARTBEAT_STALE_S)
+
+
+def run_now(operation: Operation, actor) -> Operation:
+    """An admin's "run now": a pending operation runs at once, whatever its window."""
+    with transaction.atomic():
+        if not Operation.objects.filter(pk=operation.pk, status=OperationStatus.PENDING).update(run_now=True):
+            operation.refresh_from_db(fields=["status"])
+            raise locks.conflict(f"Operation #{operation.pk} is {operation.get_status_display().lower()} already.")
+        operation.refresh_from_db()
+        audit.record("operation.run_now", operation, after=_summary(operation))
+        transaction.on_commit(lambda: enqueue(operation.pk))
+    return operation
+
+
+def resume_due(now=None) -> list[int]:
+    """Operations a worker should run now: pending ones whose time came, running ones whose
+    worker went silent (killed, or stopped on an unreachable hypervisor). Enqueues them."""
+    now = now or timezone.now()
+    due = Operation.objects.filter(
+        Q(status=OperationStatus.PENDING) & (Q(run_now=True) | Q(not_before__lte=now))
+        | Q(status=OperationStatus.RUNNING) & (Q(heartbeat_at__lt=stale_before(now)) | Q(heartbeat_at__isnull=True))
+    ).values_list("pk", flat=True)
+    ids = list(due)
+    for pk in ids:
+        enqueue(pk)
+    return ids
+
+
+def _take(operation_id: int, now) -> Operation | None:
+    """Claim the run by a conditional update: None when another worker runs it (a fresh
+    heartbeat), it ended, or its time has not come."""
+    taken = Operation.objects.filter(pk=operation_id).filter(
+        Q(status=OperationStatus.PENDING) & (Q(run_now=True) | Q(not_before__lte=now))
+        | Q(status=OperationStatus.RUNNING) & (Q(heartbeat_at__lt=stale_before(now)) | Q(heartbeat_at__isnull=True))
+    ).update(status=OperationStatus.RUNNING, heartbeat_at=now)
+    if not taken:
+        return None
+    operation = Operation.objects.select_related("vm__artist__user", "host", "target_host", "request").get(
+        pk=operation_id)
+    if operation.started_at is None:
+        operation.started_at = now
+        operation.save(update_fields=["started_at"])
+        audit.record("operation.start", operation, after=_summary(operation))
+    return operation
+
+
+@dataclass
+class Run:
+    """One worker's run of an operation: its links to the source and target hypervisors."""
+
+    operation: Operation
+    source: Backend
+    target: Backend
+
+    def beat(self) -> None:
+        Operation.objects.filter(pk=self.operation.pk).update(heartbeat_at=timezone.now())
+
+    @property
+    def uuid(self) -> str:
+        return str(self.operation.vm.uuid)
+
+    def where(self) -> Backend:
+        """The backend the domain is defined on now (after a move, the target)."""
+        if self.operation.target_host_id == self.operation.host_id:
+            return self.source
+        try:
+            self.target.domain(self.uuid)
+            return self.target
+        except DomainNotFound:
+            return self.source
+
+    def close(self) -> None:
+        for backend in {id(self.source): self.source, id(self.target): self.target}.values():
+            backend.close()
+
+
+def backend_for(host: Host) -> Backend:
+    """An open link to the host's hypervisor, with the host agent's device action where the
+    hypervisor cannot create vGPUs itself."""
+    return open_backend(host.hypervisor_uri, secret_ref=host.hypervisor_secret_ref, devices=device_manager_for(host))
+
+
+def device_manager_for(host: Host):
+    """The host agent's vGPU device action, when the host has an agent that offers it."""
+    return None
+
+
+def run(operation_id: int, now=None) -> Operation | None:
+    """Run (or resume) one operation to its end: succeeded, or rolled back (failed when even the
+    rollback could not finish). An unreachable hypervisor leaves it running for `resume_due`."""
+    operation = _take(operation_id, now or timezone.now())
+    if operation is None:
+        return None
+    try:
+        current = Run(operation, backend_for(operation.host), backend_for(operation.target_host))
+    except HypervisorError as exc:
+        return _interrupted(operation, None, exc)
+    step = None
+    try:
+        for step in operation.steps.exclude(status__in=(StepStatus.DONE, StepStatus.SKIPPED)).order_by("index"):
+            _do(current, step)
+        _succeed(current)
+    except Unreachable as exc:
+        return _interrupted(operation, step, exc)
+    except HypervisorError as exc:
+        _fail_step(step, str(exc))
+        _roll_back(current, f"{step.get_kind_display() if step else 'The operation'} failed: {exc}")
+    except Exception as exc:
+        log.exception("operation %s failed", operation.pk)
+        _fail_step(step, f"Unexpected error: {exc}")
+        _roll_back(current, f"{step.get_kind_display() if step else 'The operation'} failed unexpectedly: {exc}")
+    finally:
+        current.close()
+    return Operation.objects.get(pk=operation.pk)
+
+
+def _interrupted(operation: Operation, step: OperationStep | None, exc: Exception) -> Operation:
+    """The hypervisor went away mid-run: keep the operation running, with the reason shown, for
+    `resume_due` to take again after HYPERVISOR_RETRY_S. Neither going on nor rolling back can
+    work without the hypervisor, and a half-done change must not be left: it waits for it."""
+    now = timezone.now()
+    message = (f"The hypervisor is unreachable ({exc}); the operation goes on when it answers "
+               f"(next try in {settings.HYPERVISOR_RETRY_S:g} s).")
+    if step is not None:
+        OperationStep.objects.filter(pk=step.pk).update(error=str(exc)[:4000])
+    # A heartbeat that turns stale after the retry interval hands it to the next resume_due.
+    heartbeat = stale_before(now) + timedelta(seconds=settings.HYPERVISOR_RETRY_S)
+    Operation.objects.filter(pk=operation.pk).update(error=message, heartbeat_at=min(heartbeat, now))
+    audit.record("operation.interrupted", operation, comment=message)
+    return Operation.objects.get(pk=operation.pk)
+
+
+def _fail_step(step: OperationStep | None, message: str) -> None:
+    if step is not None:
+        step.status, step.error, step.finished_at = StepStatus.FAILED, message[:4000], timezone.now()
+        step.save(update_fields=["status", "error", "finished_at"])
+        audit.record("operation.step_failed", step.operation, comment=f"{step}: {message}")
+
+
+def _do(current: Run, step: OperationStep) -> None:
+    step.status, step.started_at = StepStatus.RUNNING, step.started_at or timezone.now()
+    step.save(update_fields=["status", "started_at"])
+    current.beat()
+    result, skipped = STEPS[step.kind](current, step)
+    step.status = StepStatus.SKIPPED if skipped else StepStatus.DONE
+    step.result, step.finished_at, step.error = result, timezone.now(), ""
+    step.save(update_fields=["status", "result", "finished_at", "error"])
+    audit.record(f"operation.{step.kind}", current.operation, after={"step": step.index, **result},
+                 comment=f"{step}: {step.get_status_display().lower()}")
+    current.beat()
+
+
+# The steps: each returns (result, skipped) and is safe to run again --------------------------------
+
+
+def _notify(current: Run, step: OperationStep):
+    op = current.operation
+    fleet_requests.notify_artist(op.vm, f"{op.vm.name} is being shut down now to apply {op.origin or 'a change'}; "
+                                        "it starts again when the change is made.")
+    return {}, False
+
+
+def _shutdown(current: Run, step: OperationStep):
+    op = current.operation
+    backend = current.where()
+    domain = backend.domain(current.uuid)
+    result = dict(step.result)
+    if "was_running" not in result:
+        # What rollback puts back: the definition and power state as found the first time.
+        result = {"was_running": domain.state == PowerState.RUNNING, "definition": backend.definition(current.uuid),
+                  "devices": [_device_dict(d) for d in domain.vgpus]}
+        OperationStep.objects.filter(pk=step.pk).update(result=result)
+        Operation.objects.filter(pk=op.pk).update(before={**op.before, "definition": result["definition"],
+                                                          "devices": result["devices"],
+                                                          "was_running": result["was_running"]})
+        op.refresh_from_db(fields=["before"])
+    if domain.state == PowerState.SHUT_OFF:
+        return result, not result["was_running"]
+    deadline = timezone.now() + timedelta(seconds=settings.HYPERVISOR_SHUTDOWN_TIMEOUT_S)
+    while True:
+        remaining = (deadline - timezone.now()).total_seconds()
+        try:
+            backend.shutdown(current.uuid, timeout_s=max(0.0, min(SHUTDOWN_SLICE_S, remaining)))
+            return result, False
+        except ShutdownTimeout:
+            current.beat()
+            if remaining <= SHUTDOWN_SLICE_S:
+                raise ShutdownTimeout(
+                    f"{op.vm.name} did not power off within {settings.HYPERVISOR_SHUTDOWN_TIMEOUT_S:g} s; it was left "
+                    "running and nothing was changed. Ask the artist to save and shut down, then run it again.",
+                ) from None
+
+
+def _remove_vgpus(current: Run, step: OperationStep):
+    backend = current.where()
+    devices = [_device(d) for d in current.operation.before.get("devices", [])]
+    backend.redefine(current.uuid, _spec(current, backend, ()))  # the definition lets go of them first
+    for device in devices:
+        backend.remove_vgpu(device)
+    return {"removed": [_device_dict(d) for d in devices]}, not devices
+
+
+def _create_vgpu(current: Run, step: OperationStep):
+    backend = current.target
+    args = step.args
+    gpu_bus_id = canonical_pci_bus_id(args["gpu_bus_id"])
+    existing = _find(backend, args["device_id"])
+    if existing is not None:
+        return {"device": _device_dict(existing)}, False
+    type_name = matching.host_type_name(args["profile"], sorted({t.name for t in backend.vgpu_types()
+                                                               if t.gpu_bus_id == gpu_bus_id}))
+    if type_name is None:
+        raise HypervisorError(f"GPU {gpu_bus_id} of {current.operation.target_host.name} offers no vGPU type "
+                              f"{args['profile']} now (the host's driver names none like it).")
+    device = backend.create_vgpu(gpu_bus_id, type_name, device_id=args["device_id"])
+    return {"device": _device_dict(device)}, False
+
+
+def _created(current: Run) -> list[VgpuDevice]:
+    steps = current.operation.steps.filter(kind=StepKind.CREATE_VGPU).order_by("index")
+    return [_device(step.result["device"]) for step in steps if step.result.get("device")]
+
+
+def _redefine(current: Run, step: OperationStep):
+    backend = current.where()
+    backend.redefine(current.uuid, _spec(current, backend, tuple(_created(current))))
+    return {"vgpus": [d.id for d in _created(current)]}, False
+
+
+def _move(current: Run, step: OperationStep):
+    if current.where() is current.target:
+        return {}, True
+    current.source.move_to(current.uuid, current.target)
+    return {"to": current.operation.target_host.name}, False
+
+
+def _start(current: Run, step: OperationStep):
+    backend = current.target
+    if not current.operation.before.get("was_running", True):
+        return {"left_off": True}, True
+    if backend.domain(current.uuid).state == PowerState.RUNNING:
+        return {}, True
+    backend.start(current.uuid)
+    return {}, False
+
+
+def _verify(current: Run, step: OperationStep):
+    """The hypervisor must show the new devices (and the VM running, if it ran before); the
+    agent's confirmation is recorded when it comes within HYPERVISOR_VERIFY_WAIT_S."""
+    op = current.operation
+    domain = current.target.domain(current.uuid)
+    expected = {d.id for d in _created(current)}
+    found = {d.id for d in domain.vgpus}
+    if found != expected:
+        raise HypervisorError(f"{op.vm.name} holds vGPU devices {sorted(found) or 'none'} after the change; "
+                              f"expected {sorted(expected)}.")
+    if op.before.get("was_running", True) and domain.state != PowerState.RUNNING:
+        raise HypervisorError(f"{op.vm.name} is {domain.state.replace('_', ' ')} after the change; expected running.")
+    return {"agent": _agent_confirmation(current)}, False
+
+
+def _agent_confirmation(current: Run) -> str:
+    op = current.operation
+    gpu_ids = {row["gpu_id"] for row in op.after.get("vgpus", [])}
+    since = op.steps.filter(kind=StepKind.START).values_list("finished_at", flat=True).first() or op.started_at
+    if not gpu_ids or not op.before.get("was_running", True):
+        return "not asked (the VM is off)"
+    if not VgpuSample.objects.filter(gpu__host=op.target_host).exists():
+        return "not confirmed: the host's agent reports no vGPUs"
+    deadline = timezone.now() + timedelta(seconds=settings.HYPERVISOR_VERIFY_WAIT_S)
+    while True:
+        seen = set(VgpuSample.objects.filter(vm=op.vm, gpu_id__in=gpu_ids, ts__gte=since)
+                   .values_list("gpu_id", flat=True).distinct())
+        if seen == gpu_ids:
+            return "confirmed by the agent"
+        if timezone.now() >= deadline:
+            return (f"not confirmed by the agent within {settings.HYPERVISOR_VERIFY_WAIT_S:g} s "
+                    "(the drift report will show it if it stays so)")
+        current.beat()
+        time.sleep(1.0)
+
+
+STEPS = {
+    StepKind.NOTIFY: _notify,
+    StepKind.SHUTDOWN: _shutdown,
+    StepKind.REMOVE_VGPU: _remove_vgpus,
+    StepKind.CREATE_VGPU: _create_vgpu,
+    StepKind.REDEFINE: _redefine,
+    StepKind.MOVE_DOMAIN: _move,
+    StepKind.START: _start,
+    StepKind.VERIFY: _verify,
+}
+
+
+def _spec(current: Run, backend: Backend, vgpus: tuple[VgpuDevice, ...]) -> DomainSpec:
+    domain = backend.domain(current.uuid)
+    after = current.operation.after
+    return DomainSpec(vcpus=after.get("vcpus", domain.vcpus), ram_mib=after.get("ram_mib", domain.ram_mib),
+                      vgpus=vgpus)
+
+
+def _device_dict(device: VgpuDevice) -> dict:
+    return {"kind": device.kind, "id": device.id, "gpu_bus_id": device.gpu_bus_id, "type_name": device.type_name}
+
+
+def _device(row: dict) -> VgpuDevice:
+    return VgpuDevice(kind=row.get("kind", DeviceKind.MDEV), id=row["id"], gpu_bus_id=row.get("gpu_bus_id", ""),
+                      type_name=row.get("type_name", ""))
+
+
+def _find(backend: Backend, device_id: str) -> VgpuDevice | None:
+    return next((d for d in backend.vgpu_devices() if d.id == device_id), None)
+
+
+# Ending ------------------------------------------------------------------------------------------
+
+
+def _release(operation: Operation) -> None:
+    OperationClaim.objects.filter(operation=operation).update(active=False)
+
+
+def _succeed(current: Run) -> None:
+    op = current.operation
+    devices = {step.args["vgpu_id"]: step.result["device"]["id"]
+               for step in op.steps.filter(kind=StepKind.CREATE_VGPU) if step.result.get("device")}
+    verify = op.steps.filter(kind=StepKind.VERIFY).values_list("result", flat=True).first() or {}
+    with transaction.atomic():
+        for vgpu_id, device_id in devices.items():
+            Vgpu.objects.filter(pk=vgpu_id).update(device_id=device_id)
+        _release(op)
+        Operation.objects.filter(pk=op.pk).update(status=OperationStatus.SUCCEEDED, finished_at=timezone.now(),
+                                                  error="")
+        op.refresh_from_db()
+        audit.record("operation.succeeded", op, after=_summary(op), comment=verify.get("agent", ""))
+        if op.request_id:
+            fleet_requests.mark_applied(op.request, verify.get("agent", ""))
+
+
+def _roll_back(current: Run, reason: str) -> None:
+    """Put the hypervisor back as `before` describes it, then the inventory; ROLLED_BACK, or
+    FAILED naming what could not be undone."""
+    op = current.operation
+    op.refresh_from_db()
+    left = []
+    try:
+        _undo_on_hypervisor(current)
+    except HypervisorError as exc:
+        left.append(f"the hypervisor could not be put back ({exc}): check {op.vm.name} by hand")
+    with transaction.atomic():
+        op.steps.filter(status__in=(StepStatus.DONE, StepStatus.RUNNING)).update(status=StepStatus.UNDONE)
+        if op.request_id:
+            try:
+                fleet_requests.revert_approval(op.request, op.before.get("vgpus", []), reason)
+            except FleetConflict as exc:
+                left.append(f"the inventory could not be put back ({exc})")
+        _release(op)
+        status = OperationStatus.FAILED if left else OperationStatus.ROLLED_BACK
+        error = reason + (" Rolled back." if not left else " Not all was undone: " + "; ".join(left) + ".")
+        Operation.objects.filter(pk=op.pk).update(status=status, finished_at=timezone.now(), error=error[:4000])
+        op.refresh_from_db()
+        audit.record(f"operation.{'rolled_back' if not left else 'failed'}", op, after=_summary(op), comment=error)
+
+
+def _undo_on_hypervisor(current: Run) -> None:
+    op = current.operation
+    if "definition" not in op.before:
+        return  # the shutdown step never read the VM: nothing on the hypervisor was touched
+    backend = current.where()
+    domain = backend.domain(current.uuid)
+    if domain.state == PowerState.RUNNING:
+        backend.shutdown(current.uuid, timeout_s=settings.HYPERVISOR_SHUTDOWN_TIMEOUT_S)
+    if backend is current.target and current.target is not current.source:
+        backend.redefine(current.uuid, DomainSpec(vcpus=domain.vcpus, ram_mib=domain.ram_mib, vgpus=()))
+        current.target.move_to(current.uuid, current.source)
+        backend = current.source
+    old = [_device(d) for d in op.before.get("devices", [])]
+    keep = {d.id for d in old}
+    created = [_device(step.result.get("device") or {"id": step.args["device_id"],
+                                                     "gpu_bus_id": step.args["gpu_bus_id"]})
+               for step in op.steps.filter(kind=StepKind.CREATE_VGPU)]
+    backend.redefine(current.uuid, DomainSpec(vcpus=domain.vcpus, ram_mib=domain.ram_mib, vgpus=()))
+    for device in created:
+        if device.id not in keep and _find(current.target, device.id) is not None:
+            current.target.remove_vgpu(device)
+    present = {d.id for d in backend.vgpu_devices()}
+    for device in old:
+        if device.id not in present:
+            backend.create_vgpu(device.gpu_bus_id, device.type_name, device_id=device.id)
+    backend.restore(current.uuid, op.before["definition"])
+    if op.before.get("was_running") and backend.domain(current.uuid).state != PowerState.RUNNING:
+        backend.start(current.uuid)
+
+
+# Reading -----------------------------------------------------------------------------------------
+
+
+def active_for_vm(vm_id: int) -> Operation | None:
+    return Operation.objects.filter(vm_id=vm_id, status__in=ACTIVE).first()
