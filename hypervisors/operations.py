@@ -31,6 +31,7 @@ import uuid as uuidlib
 from dataclasses import dataclass
 from datetime import timedelta
 
+from celery import current_app
 from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.db.models import Q
@@ -61,6 +62,8 @@ from telemetry.models import VgpuSample
 
 log = logging.getLogger(__name__)
 
+#: The Celery task that runs an operation (hypervisors.tasks.run_operation).
+RUN_OPERATION_TASK = "hypervisors.tasks.run_operation"
 #: How long one call to the hypervisor's shutdown waits before the run says it is alive again.
 SHUTDOWN_SLICE_S = 10.0
 
@@ -158,10 +161,9 @@ def _summary(operation: Operation) -> dict:
 
 def enqueue(operation_id: int) -> None:
     """Hand the operation to a worker (a broker outage leaves it for `resume_due` to pick up)."""
-    from hypervisors.tasks import run_operation
-
     try:
-        run_operation.delay(operation_id)
+        # By name: hypervisors.tasks imports this module to carry the operation out.
+        current_app.tasks[RUN_OPERATION_TASK].delay(operation_id)
     except Exception:  # noqa: BLE001 - the beat's resume_due enqueues it again
         log.warning("could not enqueue operation %s; the periodic resume will", operation_id, exc_info=True)
 
