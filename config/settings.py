@@ -260,8 +260,11 @@ SPECTACULAR_SETTINGS = {
     # Several resources have a `status` field with their own choices: name each set.
     "ENUM_NAME_OVERRIDES": {
         "AgentStatusEnum": "telemetry.models.AgentStatus",
+        "AgentKindEnum": "telemetry.models.AgentKind",
         "OptimizerRunStatusEnum": "sizing.models.OptimizerStatus",
         "ResizeRequestStatusEnum": "fleet.choices.ResizeStatus",
+        "OperationKindEnum": "hypervisors.choices.OperationKind",
+        "OperationStepKindEnum": "hypervisors.choices.StepKind",
     },
 }
 

@@ -19,6 +19,7 @@ from django.db.models import Model
 from django.urls import reverse
 
 from fleet.models import Artist, Gpu, GpuModel, Host, ResizeRequest, VgpuProfile, VirtualMachine
+from hypervisors.models import Operation
 
 
 @dataclass(frozen=True)
@@ -42,6 +43,8 @@ KINDS: dict[str, Kind] = {
                            lambda r: f"Request #{r.pk}: {r.vm.name} to {r.requested_vgpus} × "
                                      f"{r.requested_profile.name}",
                            lambda pk: reverse("fleet:requests"), ("vm", "requested_profile")),
+    "operation": Kind(lambda: Operation, lambda op: f"Operation #{op.pk}: {op.get_kind_display().lower()} {op.vm.name}",
+                      lambda pk: reverse("hypervisors:operation-detail", args=[pk]), ("vm",)),
     "vgpu_profile": Kind(lambda: VgpuProfile, lambda profile: profile.name),
     "gpu_model": Kind(lambda: GpuModel, lambda model: model.name),
     "user": Kind(get_user_model, lambda user: user.username),

@@ -62,6 +62,7 @@ ADMIN_MENU = (
         Link("Approved", "fleet:requests", query="status=approved"),
         Link("Rejected", "fleet:requests", query="status=rejected"),
         Link("Cancelled", "fleet:requests", query="status=cancelled"),
+        Link("Operations", "hypervisors:operation-list"),
     ), badge="pending"),
     Group("Admin", (
         Link("Audit log", "fleet:audit"),

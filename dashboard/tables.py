@@ -441,3 +441,27 @@ class AuditEventTable(ListTable):
 
     class Meta(ListTable.Meta):
         order_by = ("-at",)
+
+
+class OperationTable(ListTable):
+    """Operations, newest first: what they change, where, their state and their last error."""
+
+    id = tables.TemplateColumn('<a href="{% url \'hypervisors:operation-detail\' record.pk %}">#{{ record.pk }}</a>',
+                               verbose_name="Operation")
+    status = tables.TemplateColumn(
+        '<span class="badge op-{{ record.status }}">{{ record.get_status_display }}</span>', verbose_name="Status")
+    kind = tables.Column(verbose_name="Kind")
+    vm = tables.TemplateColumn('<a href="{% url \'fleet:vm-detail\' record.vm_id %}">{{ record.vm.name }}</a>',
+                               verbose_name="VM", order_by=("vm__name",))
+    host = tables.TemplateColumn(
+        '{{ record.host.name }}{% if record.target_host_id != record.host_id %} → {{ record.target_host.name }}'
+        '{% endif %}', verbose_name="Host", order_by=("host__name",))
+    origin = tables.Column(verbose_name="For", orderable=False)
+    progress = tables.TemplateColumn("{{ record.progress }}", verbose_name="Steps", orderable=False)
+    created_at = tables.DateTimeColumn(verbose_name="Created", format="Y-m-d H:i")
+    error = tables.TemplateColumn('<span class="small">{{ record.error|truncatechars:120 }}</span>',
+                                  verbose_name="Error", orderable=False)
+
+    class Meta(ListTable.Meta):
+        order_by = ("-created_at",)
+        sequence = ("id", "status", "kind", "vm", "host", "origin", "progress", "created_at", "error")

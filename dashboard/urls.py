@@ -1,5 +1,5 @@
 """Routes of every server-rendered page. The URL names keep the namespace of the section a page
-belongs to (`fleet:`, `telemetry:`, `sizing:`), so `{% url %}` tags and bookmarks stay as they were
+belongs to (`fleet:`, `telemetry:`, `hypervisors:`, `sizing:`), so `{% url %}` tags and bookmarks stay as they were
 before the pages moved into this app."""
 
 from django.urls import include, path
@@ -10,6 +10,7 @@ from dashboard.views import (
     details,
     heatmap,
     lists,
+    operations,
     optimizer,
     overview,
     planner,
@@ -70,8 +71,15 @@ sizing_patterns = [
     path("optimizer/<int:pk>/apply/", optimizer.apply_plan, name="optimizer-apply"),
 ]
 
+hypervisors_patterns = [
+    path("operations/", operations.OperationListView.as_view(), name="operation-list"),
+    path("operations/<int:pk>/", operations.operation_detail, name="operation-detail"),
+    path("operations/<int:pk>/run/", operations.operation_run, name="operation-run"),
+]
+
 urlpatterns = [
     path("", include((fleet_patterns, "fleet"))),
     path("", include((telemetry_patterns, "telemetry"))),
+    path("", include((hypervisors_patterns, "hypervisors"))),
     path("sizing/", include((sizing_patterns, "sizing"))),
 ]

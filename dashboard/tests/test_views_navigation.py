@@ -15,7 +15,7 @@ GROUPS = {
     "Fleet": ["Overview", "Hosts", "GPUs", "VMs", "Artists", "GPU scheduler"],
     "Telemetry": ["Heatmaps", "Agents"],
     "Sizing": ["Right-sizing", "Density planner", "Placement optimizer"],
-    "Requests": ["Resize requests", "Approved", "Rejected", "Cancelled"],
+    "Requests": ["Resize requests", "Approved", "Rejected", "Cancelled", "Operations"],
     "Admin": ["Audit log", "Admin site", "API docs"],
 }
 FLEET_PATHS = ("/hosts/", "/gpus/", "/heatmap/", "/agents/", "/sizing/", "/requests/", "/audit/", "/admin/",

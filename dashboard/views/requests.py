@@ -24,6 +24,7 @@ from fleet import requests as service
 from fleet.choices import ResizeStatus
 from fleet.models import Notification, ResizeRequest, VgpuProfile, VirtualMachine
 from fleet.services import FleetConflict
+from hypervisors.queries import active_operation_of
 from sizing import room
 
 BAD_WINDOW = "Enter the wished window as a date and time, e.g. 2026-12-01 09:00."
@@ -71,6 +72,7 @@ class ApproveForm(forms.Form):
 
     confirm = forms.BooleanField(error_messages={"required": request_preview.NOT_CONFIRMED})
     fingerprint = forms.CharField(max_length=64, error_messages={"required": request_preview.NOT_CONFIRMED})
+    run_now = forms.BooleanField(required=False)
 
 
 @login_required
@@ -79,9 +81,12 @@ def request_review(request, pk: int):
     it must be shut down; the form posts the confirmation to request_decide."""
     if not is_fleet_admin(request.user):
         raise PermissionDenied
-    obj = get_object_or_404(ResizeRequest.objects.select_related("vm", "requested_profile", "current_profile"), pk=pk)
+    obj = get_object_or_404(ResizeRequest.objects.select_related("vm__host", "requested_profile", "current_profile"),
+                            pk=pk)
+    host = obj.vm.host
     return render(request, "fleet/request_review.html", {
         "r": obj, "preview": request_preview.preview(obj), "comment": request.GET.get("comment", "")[:1000],
+        "linked": bool(host and host.hypervisor_uri), "host": host,
     })
 
 
@@ -98,14 +103,15 @@ def request_room(request, pk: int):
     return render(request, "fleet/partials/request_room.html", {"r": obj, "room": answer})
 
 
-def _confirmed(request, obj: ResizeRequest) -> str:
-    """Why the approval posted is not the one the admin confirmed ("" when it is)."""
+def _confirmed(request, obj: ResizeRequest) -> tuple[str, bool]:
+    """Why the approval posted is not the one the admin confirmed ("" when it is), and whether
+    the admin asked for the change to be carried out now."""
     form = ApproveForm(request.POST)
     if not form.is_valid():
-        return request_preview.NOT_CONFIRMED
+        return request_preview.NOT_CONFIRMED, False
     if form.cleaned_data["fingerprint"] != request_preview.preview(obj).fingerprint:
-        return request_preview.FLEET_CHANGED
-    return ""
+        return request_preview.FLEET_CHANGED, False
+    return "", form.cleaned_data["run_now"]
 
 
 @login_required
@@ -122,12 +128,18 @@ def request_decide(request, pk: int, verb: str):
         elif not is_fleet_admin(request.user):
             raise PermissionDenied
         elif verb == "approve":
-            if refusal := _confirmed(request, obj):
+            refusal, run_now = _confirmed(request, obj)
+            if refusal:
                 messages.error(request, f"Request #{pk} was not approved: {refusal}")
                 return redirect("fleet:request-review", pk=pk)
-            service.approve(obj, request.user, _comment(request))
+            obj = service.approve(obj, request.user, _comment(request), run_now=run_now)
         else:
             service.reject(obj, request.user, _comment(request))
+        if obj.status == ResizeStatus.APPLYING:
+            operation = active_operation_of(obj.vm_id)
+            messages.success(request, f"Request #{pk} for {obj.vm.name} ({service.describe(obj)}) approved: operation "
+                                      f"#{operation.pk} carries it out on {operation.target_host.name}.")
+            return redirect("hypervisors:operation-detail", pk=operation.pk)
         messages.success(request, f"Request #{pk} for {obj.vm.name} ({service.describe(obj)}) {DONE[verb]}.")
     except PermissionError as exc:
         raise PermissionDenied(str(exc)) from exc

@@ -67,6 +67,13 @@ class DecisionSerializer(serializers.Serializer):
                                     help_text="Optional for approve; required for reject (the artist reads it)")
 
 
+class ApprovalSerializer(DecisionSerializer):
+    run_now = serializers.BooleanField(
+        required=False, default=False,
+        help_text="On a host linked to its hypervisor: start the operation that carries the change out now, rather "
+                  "than in the request's wished window or when an admin runs it (see /api/v1/operations/)")
+
+
 class ResizeRequestViewSet(CachedListMixin, mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.CreateModelMixin,
                            viewsets.GenericViewSet):
     """Artists see and file requests for their own VMs only; approve/reject are for admins."""
@@ -92,20 +99,22 @@ class ResizeRequestViewSet(CachedListMixin, mixins.ListModelMixin, mixins.Retrie
         except service.RequestError as exc:
             raise ValidationError(exc.errors) from exc
 
-    def _decision(self, request, fn):
-        body = DecisionSerializer(data=request.data)
+    def _decision(self, request, fn, body_class=DecisionSerializer):
+        body = body_class(data=request.data)
         body.is_valid(raise_exception=True)
+        options = {name: value for name, value in body.validated_data.items() if name != "comment"}
         try:
-            result = fn(self.get_object(), request.user, body.validated_data["comment"])
+            result = fn(self.get_object(), request.user, body.validated_data["comment"], **options)
         except service.RequestError as exc:
             raise ValidationError(exc.errors) from exc
         return Response(ResizeRequestSerializer(result, context=self.get_serializer_context()).data)
 
-    @extend_schema(request=DecisionSerializer, responses={200: ResizeRequestSerializer})
+    @extend_schema(request=ApprovalSerializer, responses={200: ResizeRequestSerializer})
     @action(detail=True, methods=["post"], permission_classes=[IsFleetAdmin])
     def approve(self, request, pk=None, format=None):
-        """Apply the request now (409 with the reason when nothing takes it; it stays pending)."""
-        return self._decision(request, service.approve)
+        """Apply the request now (409 with the reason when nothing takes it; it stays pending). On a host
+        linked to its hypervisor the request becomes `applying` and an operation carries it out."""
+        return self._decision(request, service.approve, ApprovalSerializer)
 
     @extend_schema(request=DecisionSerializer, responses={200: ResizeRequestSerializer})
     @action(detail=True, methods=["post"], permission_classes=[IsFleetAdmin])
