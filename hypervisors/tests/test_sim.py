@@ -1,0 +1,176 @@
+"""The simulated hypervisor behaves as a host does where operations depend on it, and keeps its
+state in one file that several processes change without losing an update."""
+
+import json
+import multiprocessing
+import time
+
+import pytest
+
+from hypervisors.backends import open_backend, sim
+from hypervisors.backends.base import (
+    DeviceBusy,
+    DomainNotFound,
+    DomainSpec,
+    HypervisorError,
+    NoInstanceAvailable,
+    PowerState,
+    ShutdownTimeout,
+    Unreachable,
+)
+from hypervisors.tests.conftest import BUS_A, BUS_B
+
+
+def test_open_backend_opens_the_file_named_after_the_uri(node, sim_dir):
+    backend = open_backend("sim://node-01")
+    assert isinstance(backend, sim.SimBackend)
+    assert backend.path == sim_dir / "node-01.json"
+    check = backend.check()
+    assert check.ok
+    assert check.hostname == "node-01"
+    assert check.hypervisor_version == sim.SIM_VERSION
+    assert "node-01" in check.message
+
+
+def test_a_missing_state_file_is_an_unreachable_host(sim_dir):
+    backend = open_backend("sim://nowhere")
+    check = backend.check()
+    assert not check.ok
+    assert "nowhere.json" in check.message
+    with pytest.raises(Unreachable, match="not there"):
+        backend.list_domains()
+
+
+def test_a_uri_that_cannot_be_a_file_name_is_refused(sim_dir):
+    with pytest.raises(HypervisorError, match="sim://NAME"):
+        sim.SimBackend.open("sim://../etc")
+
+
+def test_types_follow_the_equal_size_rule(node):
+    available = {(t.gpu_bus_id, t.name): t.available for t in node.vgpu_types()}
+    assert available[(BUS_A, "NVIDIA L40S-12Q")] == 4
+    assert available[(BUS_A, "NVIDIA L40S-48Q")] == 1
+    assert all(t.type_id.startswith("nvidia-") for t in node.vgpu_types())
+
+    device = node.create_vgpu(BUS_A.lower()[4:], "NVIDIA L40S-12Q")
+    assert device.gpu_bus_id == BUS_A
+    assert device.type_name == "NVIDIA L40S-12Q"
+    assert device.kind == "mdev"
+    available = {(t.gpu_bus_id, t.name): t.available for t in node.vgpu_types()}
+    assert available[(BUS_A, "NVIDIA L40S-12Q")] == 3
+    assert available[(BUS_A, "NVIDIA L40S-24Q")] == 0
+    assert available[(BUS_A, "NVIDIA L40S-48Q")] == 0
+    assert available[(BUS_B, "NVIDIA L40S-24Q")] == 2
+    with pytest.raises(NoInstanceAvailable, match="one size at a time"):
+        node.create_vgpu(BUS_A, "NVIDIA L40S-24Q")
+    for _ in range(3):
+        node.create_vgpu(BUS_A, "NVIDIA L40S-12Q")
+    with pytest.raises(NoInstanceAvailable, match="all 4 instances are in use"):
+        node.create_vgpu(BUS_A, "NVIDIA L40S-12Q")
+    assert len(node.vgpu_devices()) == 4
+
+
+def test_a_device_a_running_domain_holds_cannot_be_removed(node):
+    device = node.create_vgpu(BUS_A, "NVIDIA L40S-24Q")
+    vm = node.define_domain("ws-01", vcpus=8, ram_mib=32768, vgpus=(device,), running=True)
+    assert vm.vgpus == (device,)
+    with pytest.raises(DeviceBusy, match="ws-01"):
+        node.remove_vgpu(device)
+    node.power_off(vm.uuid)
+    node.remove_vgpu(device)
+    node.remove_vgpu(device)  # already gone: not an error
+    assert node.vgpu_devices() == []
+    with pytest.raises(HypervisorError, match="does not exist"):
+        node.start(vm.uuid)
+
+
+def test_redefine_of_a_running_domain_applies_at_the_next_start(node):
+    old = node.create_vgpu(BUS_A, "NVIDIA L40S-12Q")
+    new = node.create_vgpu(BUS_B, "NVIDIA L40S-24Q")
+    vm = node.define_domain("ws-01", vcpus=8, ram_mib=32768, vgpus=(old,), running=True)
+    saved = node.definition(vm.uuid)
+
+    node.redefine(vm.uuid, DomainSpec(vcpus=12, ram_mib=65536, vgpus=(new,)))
+    running = node.domain(vm.uuid)
+    assert (running.vcpus, running.ram_mib, running.vgpus) == (8, 32768, (old,))
+
+    node.shutdown(vm.uuid, timeout_s=5)
+    node.start(vm.uuid)
+    started = node.domain(vm.uuid)
+    assert (started.state, started.vcpus, started.ram_mib, started.vgpus) == (PowerState.RUNNING, 12, 65536, (new,))
+    node.remove_vgpu(old)  # no longer held
+
+    node.shutdown(vm.uuid, timeout_s=5)
+    new_device = node.create_vgpu(BUS_A, "NVIDIA L40S-12Q")
+    node.restore(vm.uuid, saved)
+    restored = node.domain(vm.uuid)
+    assert (restored.vcpus, restored.ram_mib) == (8, 32768)
+    assert restored.vgpus[0].id == old.id
+    assert restored.vgpus[0].gpu_bus_id == ""
+    assert new_device in node.vgpu_devices()
+
+
+def test_redefine_refuses_a_device_that_does_not_exist(node):
+    vm = node.define_domain("ws-01", vcpus=8, ram_mib=32768)
+    ghost = sim.VgpuDevice(kind="mdev", id="6a8a0c3c-59b5-4d6b-8f6e-000000000000", gpu_bus_id=BUS_A)
+    with pytest.raises(HypervisorError, match="create it before"):
+        node.redefine(vm.uuid, DomainSpec(vcpus=8, ram_mib=32768, vgpus=(ghost,)))
+
+
+def test_shutdown_takes_the_configured_time_and_other_processes_see_it(node):
+    vm = node.define_domain("ws-01", vcpus=8, ram_mib=32768, running=True)
+    started = time.monotonic()
+    node.shutdown(vm.uuid, timeout_s=5)
+    assert time.monotonic() - started >= 0.1
+    assert sim.SimBackend.open("sim://node-01").domain(vm.uuid).state == PowerState.SHUT_OFF
+    node.shutdown(vm.uuid, timeout_s=0)  # already off: nothing to do
+
+
+def test_a_guest_that_ignores_acpi_times_out_and_keeps_running(node):
+    vm = node.define_domain("ws-01", vcpus=8, ram_mib=32768, running=True)
+    node.set_ignore_acpi(vm.uuid)
+    with pytest.raises(ShutdownTimeout, match="ws-01 did not power off within 0.3 s"):
+        node.shutdown(vm.uuid, timeout_s=0.3)
+    assert node.domain(vm.uuid).state == PowerState.RUNNING
+
+
+def test_move_to_another_simulated_host(node, sim_dir):
+    other = sim.SimBackend.open("sim://node-02")
+    other.seed(sim.empty_state("node-02"))
+    vm = node.define_domain("ws-01", vcpus=8, ram_mib=32768, running=True)
+    with pytest.raises(HypervisorError, match="cold move"):
+        node.move_to(vm.uuid, other)
+    node.shutdown(vm.uuid, timeout_s=5)
+    node.move_to(vm.uuid, other)
+    assert [d.name for d in other.list_domains()] == ["ws-01"]
+    with pytest.raises(DomainNotFound):
+        node.domain(vm.uuid)
+
+
+def test_definition_is_a_json_string(node):
+    vm = node.define_domain("ws-01", vcpus=4, ram_mib=16384)
+    assert json.loads(node.definition(vm.uuid)) == {"uuid": vm.uuid, "name": "ws-01", "vcpus": 4,
+                                                     "ram_mib": 16384, "vgpus": []}
+    with pytest.raises(HypervisorError, match="not a definition"):
+        node.restore(vm.uuid, "<domain/>")
+
+
+def _define_many(prefix: str, count: int) -> None:
+    backend = sim.SimBackend.open("sim://node-01")
+    for number in range(count):
+        backend.define_domain(f"{prefix}-{number:02d}", vcpus=1, ram_mib=1024)
+        backend.create_vgpu(BUS_B if prefix == "b" else BUS_A, "NVIDIA L40S-12Q") if number < 2 else None
+
+
+def test_concurrent_processes_lose_no_update(node):
+    context = multiprocessing.get_context("fork")
+    workers = [context.Process(target=_define_many, args=(prefix, 15)) for prefix in "ab"]
+    for worker in workers:
+        worker.start()
+    _define_many("c", 15)
+    for worker in workers:
+        worker.join(30)
+        assert worker.exitcode == 0
+    assert len(node.list_domains()) == 45
+    assert len(node.vgpu_devices()) == 6
+    assert not list(node.path.parent.glob(".node-01.json.*"))  # no temporary file left behind
