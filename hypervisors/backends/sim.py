@@ -254,9 +254,12 @@ class SimBackend:
         state = self._read()
         return [_device(state, d["id"]) for d in sorted(state["devices"], key=lambda d: (d["gpu_bus_id"], d["id"]))]
 
-    def create_vgpu(self, gpu_bus_id: str, type_name: str) -> VgpuDevice:
+    def create_vgpu(self, gpu_bus_id: str, type_name: str, *, device_id: str = "") -> VgpuDevice:
         bus = _norm_bus(gpu_bus_id)
+        wanted = _norm_uuid(device_id) if device_id else str(uuidlib.uuid4())
         with self._change() as state:
+            if any(d["id"] == wanted for d in state["devices"]):
+                raise HypervisorError(f"A vGPU device {wanted} exists already on {state['hostname']}.")
             gpu = next((g for g in state["gpus"] if g["bus_id"] == bus), None)
             if gpu is None:
                 raise HypervisorError(f"No GPU at {bus} on {state['hostname']}.")
@@ -269,7 +272,7 @@ class SimBackend:
                        if holds and vtype["type_id"] not in holds else
                        f"all {vtype['max_instances']} instances are in use")
                 raise NoInstanceAvailable(f"GPU {bus} cannot take another {type_name}: {why}.")
-            record = {"id": str(uuidlib.uuid4()), "kind": DeviceKind.MDEV, "gpu_bus_id": bus,
+            record = {"id": wanted, "kind": DeviceKind.MDEV, "gpu_bus_id": bus,
                       "type_id": vtype["type_id"]}
             state["devices"].append(record)
             return _device(state, record["id"])
