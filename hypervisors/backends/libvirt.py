@@ -416,9 +416,16 @@ class LibvirtBackend:
                       ram_mib=_memory_mib(root.find("memory")), state=state, vgpus=tuple(vgpus))
 
     def list_domains(self) -> list[Domain]:
+        known = self._known_devices()
+        domains = []
         try:
-            known = self._known_devices()
-            domains = [self._domain(dom, known) for dom in self._conn.listAllDomains(0)]
+            for dom in self._conn.listAllDomains(0):
+                try:
+                    domains.append(self._domain(dom, known))
+                except libvirt.libvirtError as exc:
+                    if exc.get_error_code() != libvirt.VIR_ERR_NO_DOMAIN:
+                        raise
+                    # undefined between the listing and the read: no longer one of the host's
         except libvirt.libvirtError as exc:
             raise self._error(exc, "list its domains") from None
         return sorted(domains, key=lambda d: (d.name, d.uuid))
