@@ -11,7 +11,7 @@ PORT ?= 8000
 # The demo's simulated agents listen on consecutive ports from this one, one per demo host.
 AGENT_PORT ?= 9411
 
-.PHONY: run test test-fast test-slow lint check install serve clean audit screenshots
+.PHONY: run test test-fast test-slow lint check install install-libvirt serve clean audit screenshots
 
 # The virtualenv is rebuilt whenever a requirements file changes.
 $(VENV)/.installed: requirements.txt requirements-dev.txt
@@ -21,6 +21,16 @@ $(VENV)/.installed: requirements.txt requirements-dev.txt
 	touch $@
 
 install: $(VENV)/.installed
+
+# Optional: the libvirt/KVM hypervisor link (hypervisors/backends/libvirt.py). libvirt-python is
+# built from source against the host's libvirt: it needs libvirt-dev, pkg-config and a C compiler
+# (apt-get install libvirt-dev pkg-config gcc). `make install` leaves it out, so a machine with
+# only Python runs the product (the libvirt tests then skip and say why).
+install-libvirt: $(VENV)/.installed-libvirt
+
+$(VENV)/.installed-libvirt: requirements-libvirt.txt | $(VENV)/.installed
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -r requirements-libvirt.txt
+	touch $@
 
 # The demo logins are generated once and kept in var/ (ignored by git), so every `make run`
 # prints the same working passwords; DEMO_ADMIN_PASSWORD / DEMO_ARTIST_PASSWORD override them.

@@ -9,6 +9,7 @@ reason, unless REQUIRE_SERVICES=1 (CI), where it fails instead.
 from __future__ import annotations
 
 import glob
+import importlib
 import os
 import random
 import shutil
@@ -21,6 +22,8 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from types import ModuleType
+from typing import NoReturn
 
 import pytest
 
@@ -28,15 +31,29 @@ BASE_DIR = Path(__file__).resolve().parent.parent
 START_TIMEOUT_S = 60
 
 
-def require_binary(name: str, candidates: list[str] | None = None) -> str:
+def missing_service(message: str) -> NoReturn:
+    """Skip the test with `message`, or fail it under REQUIRE_SERVICES=1 (CI), where every service
+    the tests start must be installed."""
+    if os.environ.get("REQUIRE_SERVICES") == "1":
+        pytest.fail(message + " (REQUIRE_SERVICES=1)")
+    pytest.skip(message, allow_module_level=True)
+
+
+def require_binary(name: str, candidates: list[str] | None = None, *, purpose: str = "") -> str:
     """The path of `name` (on PATH or among `candidates`); skip, or fail under REQUIRE_SERVICES=1."""
     found = shutil.which(name) or next((c for c in candidates or [] if os.access(c, os.X_OK)), None)
     if found:
         return found
-    message = f"{name} is not installed; the fault tests start their own private {name.split('-')[0]} server"
-    if os.environ.get("REQUIRE_SERVICES") == "1":
-        pytest.fail(message + " (REQUIRE_SERVICES=1)")
-    pytest.skip(message)
+    missing_service(f"{name} is not installed; "
+                    + (purpose or f"the fault tests start their own private {name.split('-')[0]} server"))
+
+
+def require_module(name: str, *, purpose: str) -> ModuleType:
+    """The Python module `name` (an optional dependency); skip, or fail under REQUIRE_SERVICES=1."""
+    try:
+        return importlib.import_module(name)
+    except ImportError as exc:
+        missing_service(f"the Python module {name} is not installed ({exc}); {purpose}")
 
 
 def postgres_binary(name: str) -> str:

@@ -1,8 +1,26 @@
-"""Fixtures of the hypervisors app's tests: simulated hypervisors in the test's own folder."""
+"""Fixtures of the hypervisors app's tests: simulated hypervisors in the test's own folder, and
+private libvirt daemons serving libvirt's test driver.
+
+Without libvirtd or libvirt-python the tests that need them are skipped with the reason, and
+fail under REQUIRE_SERVICES=1 (CI installs both: .ci/run).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
+from faults.services import missing_service, require_binary
 from hypervisors.backends import sim
+from hypervisors.testing.libvirtd import CANDIDATES, Libvirtd, LibvirtdUnavailable
+
+#: A vGPU host as the test driver describes it (GPUs with mdev types, existing vGPUs, a domain).
+GPU_HOST_XML = Path(__file__).resolve().parent / "data" / "gpu-host.xml"
+
+L40S_TYPES = [("NVIDIA L40S-48Q", 1), ("NVIDIA L40S-24Q", 2), ("NVIDIA L40S-12Q", 4)]
+BUS_A, BUS_B = "00000000:3B:00.0", "00000000:5E:00.0"
 
 
 @pytest.fixture
@@ -10,10 +28,6 @@ def sim_dir(settings, tmp_path):
     """HYPERVISOR_SIM_DIR in tmp_path, so a test's simulated hosts are its own."""
     settings.HYPERVISOR_SIM_DIR = tmp_path / "sim"
     return settings.HYPERVISOR_SIM_DIR
-
-
-L40S_TYPES = [("NVIDIA L40S-48Q", 1), ("NVIDIA L40S-24Q", 2), ("NVIDIA L40S-12Q", 4)]
-BUS_A, BUS_B = "00000000:3B:00.0", "00000000:5E:00.0"
 
 
 @pytest.fixture
@@ -26,3 +40,31 @@ def node(sim_dir):
     backend = sim.SimBackend.open("sim://node-01")
     backend.seed(state)
     return backend
+
+
+def _start_libvirtd() -> Libvirtd:
+    binary = require_binary("libvirtd", list(CANDIDATES), purpose="the libvirt backend tests start their own private "
+                            "libvirtd (apt-get install libvirt-daemon libvirt-clients)")
+    try:
+        daemon = Libvirtd(binary=binary)
+        daemon.start()
+    except LibvirtdUnavailable as exc:
+        missing_service(str(exc))
+    return daemon
+
+
+@pytest.fixture
+def libvirtd() -> Iterator[Libvirtd]:
+    """A fresh libvirtd for the test (it starts in a tenth of a second): the test driver's
+    default host, with its one running domain `test`, and nothing left by another test."""
+    daemon = _start_libvirtd()
+    yield daemon
+    daemon.remove()
+
+
+@pytest.fixture
+def other_libvirtd() -> Iterator[Libvirtd]:
+    """A second host, the target of a move."""
+    daemon = _start_libvirtd()
+    yield daemon
+    daemon.remove()
