@@ -270,7 +270,8 @@ def vgpu_rows(vm_id: int) -> list[dict]:
 
 def mark_applied(request: ResizeRequest, note: str = "") -> ResizeRequest:
     """The operation carrying out `request` succeeded: APPLYING becomes APPROVED, and the artist
-    is told. A request in any other state is left as it is."""
+    is told (`note`, for the audit log, says how it was verified). A request in any other state
+    is left as it is."""
     with transaction.atomic():
         locked = locks.lock_for_change(requests=[request]).requests[request.pk]
         if locked.status != ResizeStatus.APPLYING:
@@ -279,8 +280,7 @@ def mark_applied(request: ResizeRequest, note: str = "") -> ResizeRequest:
         locked.status, locked.last_error = ResizeStatus.APPROVED, ""
         locked.save(update_fields=["status", "last_error", "updated_at"])
         audit.record("resize_request.applied", locked, before=before, after=audit.snapshot(locked), comment=note)
-        _notify_artist(locked, f"{locked.vm.name} now has {describe(locked)}: the change is applied"
-                               f"{' (' + note + ')' if note else ''}.")
+        _notify_artist(locked, f"{locked.vm.name} now has {describe(locked)}: the change is applied.")
         return locked
 
 

@@ -538,32 +538,41 @@ def _roll_back(current: Run, reason: str) -> None:
         audit.record(f"operation.{'rolled_back' if not left else 'failed'}", op, after=_summary(op), comment=error)
 
 
+#: Steps that change the hypervisor beyond the VM's power state.
+CHANGING = (StepKind.REMOVE_VGPU, StepKind.CREATE_VGPU, StepKind.REDEFINE, StepKind.MOVE_DOMAIN, StepKind.START)
+
+
 def _undo_on_hypervisor(current: Run) -> None:
+    """Make the host match `before`: the old devices, the saved definition, the old host, and
+    the VM running if it ran. Judged by what is there, so it also finishes an undo cut short."""
     op = current.operation
     if "definition" not in op.before:
         return  # the shutdown step never read the VM: nothing on the hypervisor was touched
     backend = current.where()
     domain = backend.domain(current.uuid)
-    if domain.state == PowerState.RUNNING:
-        backend.shutdown(current.uuid, timeout_s=settings.HYPERVISOR_SHUTDOWN_TIMEOUT_S)
-    if backend is current.target and current.target is not current.source:
-        backend.redefine(current.uuid, DomainSpec(vcpus=domain.vcpus, ram_mib=domain.ram_mib, vgpus=()))
-        current.target.move_to(current.uuid, current.source)
-        backend = current.source
-    old = [_device(d) for d in op.before.get("devices", [])]
-    keep = {d.id for d in old}
-    created = [_device(step.result.get("device") or {"id": step.args["device_id"],
-                                                     "gpu_bus_id": step.args["gpu_bus_id"]})
-               for step in op.steps.filter(kind=StepKind.CREATE_VGPU)]
-    backend.redefine(current.uuid, DomainSpec(vcpus=domain.vcpus, ram_mib=domain.ram_mib, vgpus=()))
-    for device in created:
-        if device.id not in keep and _find(current.target, device.id) is not None:
-            current.target.remove_vgpu(device)
-    present = {d.id for d in backend.vgpu_devices()}
-    for device in old:
-        if device.id not in present:
-            backend.create_vgpu(device.gpu_bus_id, device.type_name, device_id=device.id)
-    backend.restore(current.uuid, op.before["definition"])
+    touched = op.steps.filter(kind__in=CHANGING).exclude(status=StepStatus.PENDING).exists()
+    if touched:
+        if domain.state == PowerState.RUNNING:
+            backend.shutdown(current.uuid, timeout_s=settings.HYPERVISOR_SHUTDOWN_TIMEOUT_S)
+        empty = DomainSpec(vcpus=domain.vcpus, ram_mib=domain.ram_mib, vgpus=())
+        if backend is current.target and current.target is not current.source:
+            backend.redefine(current.uuid, empty)
+            current.target.move_to(current.uuid, current.source)
+            backend = current.source
+        backend.redefine(current.uuid, empty)
+        old = [_device(d) for d in op.before.get("devices", [])]
+        keep = {d.id for d in old}
+        created = [_device(step.result.get("device") or {"id": step.args["device_id"],
+                                                         "gpu_bus_id": step.args["gpu_bus_id"]})
+                   for step in op.steps.filter(kind=StepKind.CREATE_VGPU)]
+        for device in created:
+            if device.id not in keep and _find(current.target, device.id) is not None:
+                current.target.remove_vgpu(device)
+        present = {d.id for d in backend.vgpu_devices()}
+        for device in old:
+            if device.id not in present:
+                backend.create_vgpu(device.gpu_bus_id, device.type_name, device_id=device.id)
+        backend.restore(current.uuid, op.before["definition"])
     if op.before.get("was_running") and backend.domain(current.uuid).state != PowerState.RUNNING:
         backend.start(current.uuid)
 
