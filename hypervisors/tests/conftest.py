@@ -15,13 +15,10 @@ import pytest
 from faults.services import missing_service, require_binary
 from hypervisors.backends import sim
 from hypervisors.testing.libvirtd import CANDIDATES, Libvirtd, LibvirtdUnavailable
+from hypervisors.tests.worlds import BUS_A, BUS_B, L40S_TYPES
 
 #: A vGPU host as the test driver describes it (GPUs with mdev types, existing vGPUs, a domain).
 GPU_HOST_XML = Path(__file__).resolve().parent / "data" / "gpu-host.xml"
-
-L40S_TYPES = [("NVIDIA L40S-48Q", 1), ("NVIDIA L40S-24Q", 2), ("NVIDIA L40S-12Q", 4)]
-BUS_A, BUS_B = "00000000:3B:00.0", "00000000:5E:00.0"
-
 
 @pytest.fixture
 def sim_dir(settings, tmp_path):

@@ -8,7 +8,6 @@ each check reads it through a fresh link, as an admin looking at the host would.
 from __future__ import annotations
 
 from datetime import timedelta
-from types import SimpleNamespace
 
 import pytest
 import time_machine
@@ -19,50 +18,14 @@ from fleet import services
 from fleet.choices import ResizeStatus
 from fleet.locks import FleetConflict
 from fleet.models import AuditEvent, Notification, ResizeRequest, Vgpu
-from fleet.tests.factories import GpuFactory, HostFactory, UserFactory, VirtualMachineFactory, gpu_model, profile
+from fleet.tests.factories import VirtualMachineFactory, profile
 from hypervisors import operations
-from hypervisors.backends import sim
 from hypervisors.backends.base import PowerState
 from hypervisors.choices import OperationStatus, StepStatus
 from hypervisors.models import Operation, OperationClaim
-from hypervisors.tests.conftest import BUS_A, BUS_B, L40S_TYPES
+from hypervisors.tests.worlds import OLD_DEVICE, host_view
 
 pytestmark = pytest.mark.django_db
-
-OLD_DEVICE = "6f1c3e57-0000-4000-8000-00000000a001"
-
-
-def host_view(name: str = "node-01") -> sim.SimBackend:
-    """The simulated host as an admin on it sees it now (a fresh link)."""
-    return sim.SimBackend.open(f"sim://{name}")
-
-
-@pytest.fixture
-def linked(sim_dir, settings, artist):
-    """node-01 linked to sim://node-01: two L40S GPUs; Ana's VM ws-ana runs with one L40S-24Q on
-    GPU A, known to both the inventory and the hypervisor; Ana asks for an L40S-12Q."""
-    settings.HYPERVISOR_VERIFY_WAIT_S = 0
-    settings.HYPERVISOR_SHUTDOWN_TIMEOUT_S = 3
-    host = HostFactory(name="node-01", hypervisor_uri="sim://node-01")
-    l40s = gpu_model("NVIDIA L40S")
-    gpu_a = GpuFactory(host=host, gpu_model=l40s, pci_bus_id=BUS_A)
-    gpu_b = GpuFactory(host=host, gpu_model=l40s, pci_bus_id=BUS_B)
-    vm = VirtualMachineFactory(name="ws-ana", artist=artist, vcpus=8, ram_gib=32)
-    vgpu = services.place_vgpu(vm, gpu_a, profile("L40S-24Q"))
-    Vgpu.objects.filter(pk=vgpu.pk).update(device_id=OLD_DEVICE)
-
-    state = sim.empty_state("node-01")
-    state["shutdown_s"] = 0.05
-    sim.add_gpu(state, BUS_A, "NVIDIA L40S", L40S_TYPES)
-    sim.add_gpu(state, BUS_B, "NVIDIA L40S", L40S_TYPES)
-    sim.add_device(state, BUS_A, "NVIDIA L40S-24Q", OLD_DEVICE)
-    sim.add_domain(state, str(vm.uuid), vm.name, 8, 32 * 1024, [OLD_DEVICE], running=True)
-    sim.SimBackend.open("sim://node-01").seed(state)
-
-    request = service.file_request(vm, artist.user, profile("L40S-12Q"), 1, "lighter scenes now")
-    admin = UserFactory(username="it-admin", is_staff=True)
-    return SimpleNamespace(host=host, gpu_a=gpu_a, gpu_b=gpu_b, vm=vm, request=request, admin=admin, artist=artist)
-
 
 def approve(world, **options) -> Operation:
     approved = service.approve(world.request, world.admin, "go", **options)
