@@ -41,7 +41,7 @@ import socket
 import socketserver
 import time
 import urllib.parse
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from http.server import BaseHTTPRequestHandler
 from typing import Any, Protocol
 
@@ -235,43 +235,37 @@ class AgentRequestHandler(BaseHTTPRequestHandler):
         if self.path.split("?", 1)[0] != VGPU_DEVICES_PATH:
             self._method_not_allowed()
             return
-        # A change to the host is a one-off request, not a scraper's: close after answering.
-        self.close_connection = True
-        if not self._devices_authorized():
-            return
-        try:
-            gpu, type_name = parse_device_request(self.rfile.read())
-            created = self.server.devices.create(gpu, type_name)
-        except DeviceRefused as exc:
-            self._send_json(exc.status, exc.as_document())
-            return
-        except Exception:
-            logger.exception("vGPU creation failed")
-            self._send_json(500, {"error": "vGPU creation failed; see the agent's log", "reason": "kernel"})
-            return
-        logger.info("created vGPU %s (%s) on GPU %s", created.id, created.type, created.gpu)
-        self._send_json(201, created.as_document(),
-                        [("Location", f"{VGPU_DEVICES_PATH}/{urllib.parse.quote(created.id, safe=':')}")])
+        created = self._change_devices("vGPU creation", lambda devices: devices.create(
+            *parse_device_request(self.rfile.read())))
+        if created is not None:
+            logger.info("created vGPU %s (%s) on GPU %s", created.id, created.type, created.gpu)
+            self._send_json(201, created.as_document(),
+                            [("Location", f"{VGPU_DEVICES_PATH}/{urllib.parse.quote(created.id, safe=':')}")])
 
     def do_DELETE(self) -> None:
         match = VGPU_DEVICE_PATH.match(urllib.parse.unquote(self.path.split("?", 1)[0]))
         if match is None:
             self._method_not_allowed()
             return
+        if self._change_devices("vGPU removal", lambda devices: devices.remove(match["id"]) or match["id"]):
+            logger.info("removed vGPU %s", match["id"])
+            self._send(204, b"")
+
+    def _change_devices(self, what: str, change: Callable[[HostSysfs], Any]) -> Any:
+        """`change(devices)`'s result for a holder of the device token; otherwise None, with the
+        refusal (401, 403, DeviceRefused's status, or 500) already answered."""
+        # A change to the host is a one-off request, not a scraper's: close after answering.
         self.close_connection = True
         if not self._devices_authorized():
-            return
+            return None
         try:
-            self.server.devices.remove(match["id"])
+            return change(self.server.devices)
         except DeviceRefused as exc:
             self._send_json(exc.status, exc.as_document())
-            return
         except Exception:
-            logger.exception("vGPU removal failed")
-            self._send_json(500, {"error": "vGPU removal failed; see the agent's log", "reason": "kernel"})
-            return
-        logger.info("removed vGPU %s", match["id"])
-        self._send(204, b"")
+            logger.exception("%s failed", what)
+            self._send_json(500, {"error": f"{what} failed; see the agent's log", "reason": "kernel"})
+        return None
 
     do_PATCH = do_HEAD = do_OPTIONS = do_TRACE = do_CONNECT = _method_not_allowed
 
