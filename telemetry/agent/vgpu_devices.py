@@ -29,9 +29,11 @@ take is refused by the kernel and answered as "no available instance" all the sa
 
 After a write the result is confirmed by reading the state back (the device appeared or went,
 the VF holds the type or 0), waiting up to `settle_s` for it: a kernel applies these writes
-before the write returns, but a driver (or the emulated tree of the test suite) that applies
-them a moment later must not be reported as having done what it did not. A device still there
-after its removal was asked for is in use (the kernel's EBUSY, seen late).
+before the write returns, but a driver (or the emulated tree of the tests and the demo) that
+applies them a moment later must not be reported as having done what it did not. A device still
+there after its removal was asked for is in use (the kernel's EBUSY, seen late). An SR-IOV VF
+reads back the id just written whether or not the driver took it, so it is read once more after
+`confirm_s` (50 ms, once per create): a driver that undid it by then refused it.
 
 Stdlib only: the agent runs on hypervisor hosts without Django.
 """
@@ -129,9 +131,11 @@ class HostSysfs:
     available_instances check for the last slot.
     """
 
-    def __init__(self, root: str | os.PathLike = "/", *, settle_s: float = 2.0, poll_s: float = 0.005):
+    def __init__(self, root: str | os.PathLike = "/", *, settle_s: float = 2.0, confirm_s: float = 0.05,
+                 poll_s: float = 0.005):
         self.root = Path(root)
         self.settle_s = settle_s
+        self.confirm_s = confirm_s
         self.poll_s = poll_s
         self._lock = threading.Lock()
         # SR-IOV names by type id, remembered from the lists seen: a VF holding a type lists
@@ -316,9 +320,12 @@ class HostSysfs:
                 raise DeviceRefused(409, "no_instance", _full_message(gpu, type_name, held)) from None
             raise DeviceRefused(500, "kernel", f"the kernel refused to make VF {chosen.address} a {type_name}: "
                                                f"{exc.strerror or exc}") from None
-        if not self._settle(lambda: _read(current) == type_id):
+        taken = self._settle(lambda: _read(current) == type_id)
+        if taken:
+            time.sleep(self.confirm_s)
+        if not taken or _read(current) != type_id:
             raise DeviceRefused(409, "no_instance", f"VF {chosen.address} of GPU {gpu} did not take type "
-                                                    f"{type_name} (it reads {_read(current) or 'nothing'})")
+                                                    f"{type_name}: GPU {gpu} has no room for it now")
         return VgpuInstance(VF, chosen.address, gpu, type_name, type_id)
 
     def _remove_vf(self, vf: _Vf) -> None:

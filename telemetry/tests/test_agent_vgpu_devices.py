@@ -374,3 +374,22 @@ def test_agent_refuses_a_sysfs_root_without_sys(tmp_path, capsys):
     assert code == 2
     assert capsys.readouterr().err == (f"telemetry.agent: error: --sysfs-root {tmp_path / 'nowhere'}: there is no "
                                        "sys/ folder in it\n")
+
+
+def test_creates_sent_faster_than_the_kernel_updates_its_lists_are_answered_truthfully(tmp_path):
+    # The emulated kernel applies a write a few ms late: a second create that picked a VF from
+    # lists not yet updated is undone by it, and the agent must not answer 201 for that one.
+    with fake_host(SRIOV, tmp_path) as world:
+        answers = []
+        for _ in range(4):
+            conn = http.client.HTTPConnection(*world.server.server_address[:2], timeout=10)
+            conn.request("POST", "/v1/vgpu-devices", body=json.dumps({"gpu": SRIOV.gpu, "type": "NVIDIA L40S-48Q"}),
+                         headers={"Authorization": f"Bearer {DEVICE}"})
+            response = conn.getresponse()
+            answers.append((response.status, json.loads(response.read())))
+            conn.close()
+        world.emulator.settle()
+        devices = world.devices()
+    assert [status for status, _ in answers] == [201, 409, 409, 409]
+    assert [device["id"] for device in devices] == [answers[0][1]["id"]]
+    assert {answer["reason"] for _, answer in answers[1:]} == {"no_instance"}
