@@ -21,7 +21,7 @@ from hypervisors.backends.base import (
     VgpuDevice,
 )
 from telemetry.scheduler_apply import agent_write_token
-from telemetry.tests.loopback import closed_port_url, polled_agent
+from telemetry.tests.loopback import FakeAgent, closed_port_url, polled_agent
 from telemetry.tests.test_agent_vgpu_devices import MDEV, SRIOV, Host, Layout, fake_host
 
 pytestmark = pytest.mark.django_db
@@ -170,3 +170,28 @@ def test_the_device_token_command_prints_a_token_of_its_own(host_row):
     write = io.StringIO()
     call_command("scheduler_write_token", "node-01-agent", stdout=write)
     assert write.getvalue().strip() == agent_write_token(agent)
+
+
+def test_a_kernel_refusal_of_another_kind_is_a_hypervisor_error_with_the_kernels_words(managed):
+    manager, host = managed
+    if host.layout is MDEV:
+        target = host.root / "sys/devices/pci0000:00/0000:3b:00.0/mdev_supported_types/nvidia-233/create"
+    else:
+        target = host.root / "sys/devices/pci0000:00/0000:41:00.4/nvidia/current_vgpu_type"
+    target.unlink()
+    target.mkdir()  # writing it now fails with EISDIR, an error no refusal of the driver's means
+    with pytest.raises(HypervisorError) as caught:
+        manager.create_vgpu(host.layout.gpu, host.layout.two_fit)
+    assert type(caught.value) is HypervisorError
+    assert "(HTTP 500): the kernel refused" in str(caught.value)
+    assert str(caught.value).endswith(": Is a directory.")
+
+
+@pytest.mark.parametrize(("behaviour", "payload", "message"), [
+    ("fixed", {"gpus": []}, "answered without a list of types."),
+    ("http500", None, "could not list vGPU types (HTTP 500): collection failed; see the agent's log."),
+])
+def test_an_agent_answering_something_else_is_a_hypervisor_error(behaviour, payload, message):
+    with FakeAgent(behaviour, payload=payload) as fake, pytest.raises(HypervisorError) as caught:
+        AgentDeviceManager(fake.url, "token").vgpu_types()
+    assert str(caught.value) == f"Agent {fake.url} {message}"

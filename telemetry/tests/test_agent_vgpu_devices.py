@@ -10,6 +10,7 @@ import json
 import re
 import signal
 import subprocess
+import sys
 import urllib.parse
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -393,3 +394,37 @@ def test_creates_sent_faster_than_the_kernel_updates_its_lists_are_answered_trut
     assert [status for status, _ in answers] == [201, 409, 409, 409]
     assert [device["id"] for device in devices] == [answers[0][1]["id"]]
     assert {answer["reason"] for _, answer in answers[1:]} == {"no_instance"}
+
+
+def test_fake_sysfs_command_builds_a_host_and_runs_its_kernel_until_interrupted(tmp_path):
+    from telemetry.tests.test_agent_cli import REPO, clean_env
+
+    root = tmp_path / "host"
+    process = subprocess.Popen(
+        [sys.executable, "-m", "telemetry.agent.fake_sysfs", str(root), "--layout", "mdev",
+         "--gpu", "RTX6000:0000:3b:00.0", "--gpu", "T4:0000:5e:00.0"],
+        cwd=REPO, env=clean_env(), stdout=subprocess.PIPE, text=True,
+    )
+    try:
+        line = process.stdout.readline()
+        devices = HostSysfs(root)
+        made = devices.create("5e:00.0", "GRID T4-16Q")
+        offers = {(offer.gpu, offer.name): offer.available for offer in devices.offers()}
+    finally:
+        process.send_signal(signal.SIGINT)
+        code = process.wait(timeout=10)
+        process.stdout.close()
+    assert line == f"fake sysfs (mdev) in {root}; emulating its kernel until interrupted\n"
+    assert code == 0
+    assert made.type_id == "nvidia-234"
+    assert offers[("00000000:3B:00.0", "GRID RTX6000-12Q")] == 2
+    assert offers[("00000000:5E:00.0", "GRID T4-1Q")] == 0
+
+
+def test_fake_sysfs_command_refuses_an_unknown_model(tmp_path, capsys):
+    from telemetry.agent.fake_sysfs import main
+
+    with pytest.raises(SystemExit) as caught:
+        main([str(tmp_path), "--gpu", "A100:0000:3b:00.0"])
+    assert caught.value.code == 2
+    assert "--gpu 'A100:0000:3b:00.0': expected MODEL:ADDRESS with MODEL one of T4, RTX6000" in capsys.readouterr().err
