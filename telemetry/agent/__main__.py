@@ -1,7 +1,8 @@
 """Command line of the host agent.
 
     python -m telemetry.agent --listen 0.0.0.0:9410 --token-file /etc/vgpu-agent/token \\
-        [--write-token-file /etc/vgpu-agent/write-token] [--backend nvml|sim] [--scenario FILE] [--hostname NAME]
+        [--write-token-file /etc/vgpu-agent/write-token] [--device-token-file /etc/vgpu-agent/device-token]
+        [--sysfs-root /] [--backend nvml|sim] [--scenario FILE] [--hostname NAME]
         [--max-connections 512] [--request-timeout 10] [--idle-timeout 120] [--workers 8]
 
 Connections are bounded (telemetry/agent/connections.py): --max-connections open at once (the
@@ -13,6 +14,12 @@ else the cap is lowered.
 With --write-token-file the agent also accepts PUT /v1/gpus/<uuid>/scheduler from holders of that
 second token (`python manage.py scheduler_write_token <agent>` prints it) and says
 `"scheduler_write": true` in its metrics, so the dashboard offers to apply policies through it.
+
+With --device-token-file it also lists, creates and removes vGPU instances (GET /v1/vgpu-types,
+GET and POST /v1/vgpu-devices, DELETE /v1/vgpu-devices/<id>) for holders of that third token
+(`python manage.py agent_device_token <agent>` prints it), by writing the host's sysfs under
+--sysfs-root (default /) in either NVIDIA layout (`vgpu_devices.py`). Each token does one thing:
+the three must differ.
 
 Configuration problems (token file missing or empty, NVML unavailable, bad scenario, port
 in use) end the process with exit status 2 and one line saying what to fix, because the
@@ -119,6 +126,24 @@ def read_token(path: str | Path) -> str:
     return token
 
 
+def open_devices(sysfs_root: str, device_token: str | None, token: str, write_token: str | None) -> Any:
+    """The host's vGPU devices under `sysfs_root` when a device token is given, else None."""
+    if device_token is None:
+        return None
+    if any(other is not None and hmac.compare_digest(device_token, other) for other in (token, write_token)):
+        raise ConfigError("the device token must differ from the read and write tokens")
+    if not (Path(sysfs_root) / "sys").is_dir():
+        raise ConfigError(f"--sysfs-root {sysfs_root}: there is no sys/ folder in it")
+    from .vgpu_devices import HostSysfs
+
+    devices = HostSysfs(sysfs_root)
+    if not devices.gpu_addresses():
+        logger.warning("no GPU under %s offers vGPUs (no /sys/class/mdev_bus GPU, no SR-IOV VF with nvidia/ files): "
+                       "is the NVIDIA vGPU manager loaded, and for vGPU 17+ were the VFs enabled (sriov-manage -e)?",
+                       sysfs_root)
+    return devices
+
+
 def make_backend(name: str, scenario: str | None) -> Any:
     """The backend named on the command line; imports pynvml only for nvml."""
     if name == "sim":
@@ -158,6 +183,18 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="PATH",
         help="file holding the separate token that allows PUT /v1/gpus/<uuid>/scheduler; without it the agent "
         "is read-only",
+    )
+    parser.add_argument(
+        "--device-token-file",
+        metavar="PATH",
+        help="file holding the separate token that allows listing, creating and removing vGPU instances "
+        "(/v1/vgpu-types, /v1/vgpu-devices); without it those paths answer 403",
+    )
+    parser.add_argument(
+        "--sysfs-root",
+        default="/",
+        metavar="PATH",
+        help="folder holding the sys/ tree the device paths read and write (default /; a test's fake tree)",
     )
     parser.add_argument("--backend", choices=("nvml", "sim"), default="nvml")
     parser.add_argument(
@@ -215,6 +252,8 @@ def main(argv: list[str] | None = None) -> int:
         write_token = read_token(args.write_token_file) if args.write_token_file else None
         if write_token is not None and hmac.compare_digest(write_token, token):
             raise ConfigError("the write token must differ from the read token")
+        device_token = read_token(args.device_token_file) if args.device_token_file else None
+        devices = open_devices(args.sysfs_root, device_token, token, write_token)
         backend = make_backend(args.backend, args.scenario)
     except (ConfigError, ScenarioError) as exc:
         print(f"telemetry.agent: error: {exc}", file=sys.stderr)
@@ -231,6 +270,8 @@ def main(argv: list[str] | None = None) -> int:
             max_connections=fit_open_files(args.max_connections),
             workers=args.workers,
             write_token=write_token,
+            device_token=device_token,
+            devices=devices,
         )
     except OSError as exc:
         print(f"telemetry.agent: error: cannot listen on {args.listen[0]}:{args.listen[1]}: {exc}", file=sys.stderr)
@@ -240,7 +281,8 @@ def main(argv: list[str] | None = None) -> int:
     # Tests and wrappers read this line to learn the port when --listen asked for port 0.
     print(
         f"telemetry.agent {__version__} pid {os.getpid()}: "
-        f"serving {backend.name} metrics of {hostname} on {server.url}",
+        f"serving {backend.name} metrics of {hostname} on {server.url}"
+        + (f"; vGPU devices under {args.sysfs_root}" if devices is not None else ""),
         file=sys.stderr,
         flush=True,
     )

@@ -84,6 +84,8 @@ def response_bytes(status: int, body: bytes, headers: Iterable[tuple[str, str]] 
         f"Content-Length: {len(body)}",
         "Cache-Control: no-store",
     ]
+    if status == 204:  # no body, and RFC 9110 forbids saying how long it is
+        del lines[3:5]
     lines.extend(f"{name}: {value}" for name, value in headers)
     if close:
         lines.append("Connection: close")

@@ -16,6 +16,17 @@ Why it is written the way it is:
   the driver; an agent started without one answers 403 "read-only agent". An agent holding one
   says so in its metrics (`"agent": {..., "scheduler_write": true}`), and the dashboard offers
   to apply through it only then.
+- Creating and removing vGPU instances is a third permission, with a third token
+  (`--device-token-file`): an agent started without one answers 403 on these paths, saying how
+  to enable them. With it (and `--sysfs-root` where sysfs is not at /), protocol v1 adds:
+    GET    /v1/vgpu-types            {"types": [{gpu, layout, id, name, available}, ...]}
+    GET    /v1/vgpu-devices          {"devices": [{kind, id, gpu, type, type_id}, ...]}
+    POST   /v1/vgpu-devices          body {"gpu": "<PCI address>", "type": "<type name>"}
+                                     -> 201 with the device (and its Location)
+    DELETE /v1/vgpu-devices/<id>     (mdev UUID or VF address) -> 204
+  Refusals carry {"error": ..., "reason": ...}: 400 bad_request; 404 no_gpu, no_type or
+  no_device; 409 no_instance (the GPU has no room for that type now) or busy (a running VM holds
+  the device); 500 kernel. `vgpu_devices.py` says how each layout is written.
 - `server_bind` skips HTTPServer's reverse-DNS lookup of the listen address, which can
   stall agent start-up for seconds on hosts without DNS.
 """
@@ -29,13 +40,15 @@ import re
 import socket
 import socketserver
 import time
-from collections.abc import Iterable
+import urllib.parse
+from collections.abc import Callable, Iterable
 from http.server import BaseHTTPRequestHandler
 from typing import Any, Protocol
 
 from . import __version__
 from .connections import MAX_BODY_BYTES, BoundedHTTPServer, Exchange, response_bytes
 from .scheduler_write import SchedulerRefused, parse_settings
+from .vgpu_devices import MAX_TYPE_NAME, DeviceRefused, HostSysfs, bus_id
 
 logger = logging.getLogger(__name__)
 
@@ -44,6 +57,11 @@ HEALTH_PATH = "/healthz"
 KNOWN_PATHS = (METRICS_PATH, HEALTH_PATH)
 REALM = "vgpu-agent"
 SCHEDULER_PATH = re.compile(r"^/v1/gpus/(?P<uuid>[A-Za-z0-9-]{1,80})/scheduler$")
+VGPU_TYPES_PATH = "/v1/vgpu-types"
+VGPU_DEVICES_PATH = "/v1/vgpu-devices"
+VGPU_DEVICE_PATH = re.compile(r"^/v1/vgpu-devices/(?P<id>[A-Za-z0-9:.-]{1,64})$")
+DEVICES_DISABLED = ("this agent does not manage vGPU devices: start it with --device-token-file (and --sysfs-root "
+                    "where sysfs is not at /) to create and remove vGPUs through it")
 SERVER_VERSION = f"vgpu-agent/{__version__}"
 
 
@@ -72,6 +90,8 @@ class AgentServer(BoundedHTTPServer):
         max_connections: int = 512,
         workers: int = 8,
         write_token: str | None = None,
+        device_token: str | None = None,
+        devices: HostSysfs | None = None,
     ):
         if ":" in address[0]:
             self.address_family = socket.AF_INET6
@@ -79,6 +99,9 @@ class AgentServer(BoundedHTTPServer):
         self.token = token.encode()
         # None: a read-only agent (the default); scheduler changes are refused with 403.
         self.write_token = write_token.encode() if write_token else None
+        # None: vGPU devices are not managed here; the device paths answer 403.
+        self.device_token = device_token.encode() if device_token else None
+        self.devices = (devices or HostSysfs("/")) if device_token else None
         self.hostname = hostname
         # idle_timeout_s: longer than any sane scrape interval so pollers keep their connection.
         super().__init__(address, AgentRequestHandler, idle_timeout_s=idle_timeout_s,
@@ -153,13 +176,22 @@ class AgentRequestHandler(BaseHTTPRequestHandler):
             self._send(200, body)
         elif path == HEALTH_PATH:
             self._send_json(200, {"status": "ok"})
+        elif path == VGPU_TYPES_PATH:
+            if self._devices_authorized():
+                self._send_json(200, {"types": [offer.as_document() for offer in self.server.devices.offers()]})
+        elif path == VGPU_DEVICES_PATH:
+            if self._devices_authorized():
+                self._send_json(200, {"devices": [item.as_document() for item in self.server.devices.instances()]})
         else:
             self._send_json(404, {"error": f"no such path; use GET {METRICS_PATH} or GET {HEALTH_PATH}"})
 
     def _method_not_allowed(self) -> None:
         # Whatever the client meant by this request, it is not a scraper that keeps its connection.
         self.close_connection = True
-        self._send_json(405, {"error": f"method {self.command} not allowed; use GET"}, [("Allow", "GET")])
+        path = self.path.split("?", 1)[0]
+        allowed = "GET, POST" if path == VGPU_DEVICES_PATH else "DELETE" if VGPU_DEVICE_PATH.match(path) else "GET"
+        self._send_json(405, {"error": f"method {self.command} not allowed; use {allowed.replace(', ', ' or ')}"},
+                        [("Allow", allowed)])
 
     def do_PUT(self) -> None:
         match = SCHEDULER_PATH.match(self.path.split("?", 1)[0])
@@ -199,13 +231,57 @@ class AgentRequestHandler(BaseHTTPRequestHandler):
         logger.info("scheduler of GPU %s set to %s", match["uuid"], document)
         self._send_json(200, {"uuid": match["uuid"], "scheduler": reading})
 
-    do_POST = do_PATCH = do_DELETE = do_HEAD = do_OPTIONS = do_TRACE = do_CONNECT = _method_not_allowed
+    def do_POST(self) -> None:
+        if self.path.split("?", 1)[0] != VGPU_DEVICES_PATH:
+            self._method_not_allowed()
+            return
+        created = self._change_devices("vGPU creation", lambda devices: devices.create(
+            *parse_device_request(self.rfile.read())))
+        if created is not None:
+            logger.info("created vGPU %s (%s) on GPU %s", created.id, created.type, created.gpu)
+            self._send_json(201, created.as_document(),
+                            [("Location", f"{VGPU_DEVICES_PATH}/{urllib.parse.quote(created.id, safe=':')}")])
+
+    def do_DELETE(self) -> None:
+        match = VGPU_DEVICE_PATH.match(urllib.parse.unquote(self.path.split("?", 1)[0]))
+        if match is None:
+            self._method_not_allowed()
+            return
+        if self._change_devices("vGPU removal", lambda devices: devices.remove(match["id"]) or match["id"]):
+            logger.info("removed vGPU %s", match["id"])
+            self._send(204, b"")
+
+    def _change_devices(self, what: str, change: Callable[[HostSysfs], Any]) -> Any:
+        """`change(devices)`'s result for a holder of the device token; otherwise None, with the
+        refusal (401, 403, DeviceRefused's status, or 500) already answered."""
+        # A change to the host is a one-off request, not a scraper's: close after answering.
+        self.close_connection = True
+        if not self._devices_authorized():
+            return None
+        try:
+            return change(self.server.devices)
+        except DeviceRefused as exc:
+            self._send_json(exc.status, exc.as_document())
+        except Exception:
+            logger.exception("%s failed", what)
+            self._send_json(500, {"error": f"{what} failed; see the agent's log", "reason": "kernel"})
+        return None
+
+    do_PATCH = do_HEAD = do_OPTIONS = do_TRACE = do_CONNECT = _method_not_allowed
 
     def __getattr__(self, name: str) -> Any:
         # BaseHTTPRequestHandler answers 501 to a method without do_<METHOD>; the protocol says 405.
         if name.startswith("do_"):
             return self._method_not_allowed
         raise AttributeError(name)
+
+    def _devices_authorized(self) -> bool:
+        """True if this agent manages vGPU devices and the request carries its device token;
+        otherwise sends the 403 or 401."""
+        if self.server.device_token is None:
+            self._send_json(403, {"error": DEVICES_DISABLED})
+            return False
+        return self._authorized(self.server.device_token)
 
     def _authorized(self, expected: bytes | None = None) -> bool:
         """True if the request carries `expected` (the read token by default) as its bearer token;
@@ -242,3 +318,23 @@ class AgentRequestHandler(BaseHTTPRequestHandler):
         # A client that stops reading its answer (the send times out) is routine, not a warning.
         level = logging.DEBUG if format.startswith("Request timed out") else logging.WARNING
         logger.log(level, "%s %s", self.address_string(), format % args)
+
+
+def parse_device_request(body: bytes) -> tuple[str, str]:
+    """(GPU address, type name) of a POST /v1/vgpu-devices body, or DeviceRefused(400) naming
+    what is wrong."""
+    if not body:
+        raise DeviceRefused(400, "bad_request", f"send a JSON body of 1 to {MAX_BODY_BYTES} bytes")
+    try:
+        document = json.loads(body)
+    except ValueError:
+        raise DeviceRefused(400, "bad_request", "the body is not valid JSON") from None
+    if not isinstance(document, dict):
+        raise DeviceRefused(400, "bad_request", 'the body must be a JSON object: {"gpu": ..., "type": ...}')
+    gpu, type_name = document.get("gpu"), document.get("type")
+    if not isinstance(gpu, str) or bus_id(gpu) is None:
+        raise DeviceRefused(400, "bad_request", "gpu must be the GPU's PCI address, e.g. 00000000:3B:00.0")
+    if not isinstance(type_name, str) or not 0 < len(type_name.strip()) <= MAX_TYPE_NAME:
+        raise DeviceRefused(400, "bad_request", f"type must be a vGPU type name of 1 to {MAX_TYPE_NAME} characters, "
+                                                "e.g. NVIDIA L40S-12Q")
+    return gpu, type_name.strip()
