@@ -103,8 +103,9 @@ class AgentDeviceManager:
         document = self._expect(200, self._call("GET", DEVICES_PATH), "list vGPU devices")
         return [self._device(item) for item in self._items(document, "devices")]
 
-    def create_vgpu(self, gpu_bus_id: str, type_name: str) -> VgpuDevice:
-        answer = self._call("POST", DEVICES_PATH, {"gpu": gpu_bus_id, "type": type_name})
+    def create_vgpu(self, gpu_bus_id: str, type_name: str, *, device_id: str = "") -> VgpuDevice:
+        body = {"gpu": gpu_bus_id, "type": type_name, **({"id": device_id} if device_id else {})}
+        answer = self._call("POST", DEVICES_PATH, body)
         return self._device(self._expect(201, answer, f"create a {type_name} on GPU {gpu_bus_id}"))
 
     def remove_vgpu(self, device: VgpuDevice) -> None:

@@ -39,11 +39,13 @@ from django.utils import timezone
 
 from fleet import audit, locks
 from fleet import requests as fleet_requests
+from fleet.hypervisor_link import is_simulated
 from fleet.models import Gpu, Host, ResizeRequest, Vgpu, VirtualMachine
 from fleet.pci import canonical_pci_bus_id
 from fleet.placement import Rule
 from fleet.services import FleetConflict
 from hypervisors import matching
+from hypervisors.agent_devices import AgentDeviceManager, device_agent
 from hypervisors.backends import open_backend
 from hypervisors.backends.base import (
     Backend,
@@ -257,9 +259,13 @@ def backend_for(host: Host) -> Backend:
     return open_backend(host.hypervisor_uri, secret_ref=host.hypervisor_secret_ref, devices=device_manager_for(host))
 
 
-def device_manager_for(host: Host):
-    """The host agent's vGPU device action, when the host has an agent that offers it."""
-    return None
+def device_manager_for(host: Host) -> AgentDeviceManager | None:
+    """The host agent's vGPU device action, for a host whose hypervisor cannot create vGPUs
+    itself (libvirt uses its node-device API first where it can); None for a simulated host,
+    or one without an enabled agent (creating a vGPU then says what to configure)."""
+    if is_simulated(host.hypervisor_uri) or device_agent(host) is None:
+        return None
+    return AgentDeviceManager.for_host(host)
 
 
 def run(operation_id: int, now=None) -> Operation | None:

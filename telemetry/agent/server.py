@@ -41,6 +41,7 @@ import socket
 import socketserver
 import time
 import urllib.parse
+import uuid
 from collections.abc import Callable, Iterable
 from http.server import BaseHTTPRequestHandler
 from typing import Any, Protocol
@@ -320,9 +321,10 @@ class AgentRequestHandler(BaseHTTPRequestHandler):
         logger.log(level, "%s %s", self.address_string(), format % args)
 
 
-def parse_device_request(body: bytes) -> tuple[str, str]:
-    """(GPU address, type name) of a POST /v1/vgpu-devices body, or DeviceRefused(400) naming
-    what is wrong."""
+def parse_device_request(body: bytes) -> tuple[str, str, str]:
+    """(GPU address, type name, wanted id) of a POST /v1/vgpu-devices body, or DeviceRefused(400)
+    naming what is wrong. `id` is optional: the mdev UUID to create the device with (so the
+    dashboard, retrying, finds the device it asked for); a VF is chosen by the agent."""
     if not body:
         raise DeviceRefused(400, "bad_request", f"send a JSON body of 1 to {MAX_BODY_BYTES} bytes")
     try:
@@ -337,4 +339,9 @@ def parse_device_request(body: bytes) -> tuple[str, str]:
     if not isinstance(type_name, str) or not 0 < len(type_name.strip()) <= MAX_TYPE_NAME:
         raise DeviceRefused(400, "bad_request", f"type must be a vGPU type name of 1 to {MAX_TYPE_NAME} characters, "
                                                 "e.g. NVIDIA L40S-12Q")
-    return gpu, type_name.strip()
+    wanted = document.get("id", "")
+    try:
+        wanted = str(uuid.UUID(wanted)) if wanted else ""
+    except (TypeError, ValueError, AttributeError):
+        raise DeviceRefused(400, "bad_request", "id, when given, must be a UUID (the mdev to create)") from None
+    return gpu, type_name.strip(), wanted

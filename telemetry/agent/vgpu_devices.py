@@ -175,16 +175,18 @@ class HostSysfs:
 
     # -- writing --------------------------------------------------------------------------------
 
-    def create(self, gpu: str, type_name: str) -> VgpuInstance:
+    def create(self, gpu: str, type_name: str, device_id: str = "") -> VgpuInstance:
         """One new vGPU of the type named `type_name` on `gpu` (any PCI spelling), or DeviceRefused:
-        404 no_gpu / no_type, 409 no_instance, 500 kernel."""
+        404 no_gpu / no_type, 409 no_instance (or an mdev `device_id` that exists), 500 kernel.
+        `device_id`: the UUID of the new mdev (a fresh one when empty; the SR-IOV layout picks
+        its own VF)."""
         address = bus_id(gpu)
         if address is None:
             raise DeviceRefused(400, "bad_request", f"gpu {gpu!r} is not a PCI address (e.g. 00000000:3B:00.0)")
         with self._lock:
             for found, types in self._mdev_gpus():
                 if found == address:
-                    return self._create_mdev(address, types, type_name)
+                    return self._create_mdev(address, types, type_name, device_id)
             for found, vfs in self._sriov_gpus():
                 if found == address:
                     return self._create_vf(address, vfs, type_name)
@@ -234,7 +236,7 @@ class HostSysfs:
         gpu = bus_id(type_dir.parent.parent.name) or ""
         return VgpuInstance(MDEV, path.name.lower(), gpu, _read(type_dir / "name"), type_dir.name)
 
-    def _create_mdev(self, gpu: str, types: list[Path], type_name: str) -> VgpuInstance:
+    def _create_mdev(self, gpu: str, types: list[Path], type_name: str, device_id: str = "") -> VgpuInstance:
         type_dir = next((t for t in types if _read(t / "name") == type_name), None)
         if type_dir is None:
             offered = ", ".join(_read(t / "name") for t in types) or "none"
@@ -242,7 +244,9 @@ class HostSysfs:
                                                 f"(it offers: {offered})")
         if _read_int(type_dir / "available_instances") <= 0:
             raise DeviceRefused(409, "no_instance", _full_message(gpu, type_name, self._mdev_held(gpu)))
-        new = str(uuid_module.uuid4())
+        new = device_id or str(uuid_module.uuid4())
+        if (self.root / "sys/bus/mdev/devices" / new).exists():
+            raise DeviceRefused(409, "exists", f"a vGPU {new} exists already")
         try:
             _write(type_dir / "create", new)
         except OSError as exc:

@@ -11,6 +11,7 @@ import re
 import signal
 import subprocess
 import sys
+import tempfile
 import urllib.parse
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -136,6 +137,23 @@ def test_types_are_listed_by_name_with_the_ids_the_host_gives(host):
         assert len(types) == 10
         assert {item["available"] for item in types.values()} == {16}
     assert host.devices() == []
+
+
+# -- creating with the id the dashboard chose -----------------------------------------------------
+
+def test_an_mdev_is_created_with_the_uuid_asked_for_and_a_second_ask_is_refused():
+    chosen = "0b3c6a9e-1d2f-4e5a-8b7c-6d5e4f3a2b1c"
+    with tempfile.TemporaryDirectory() as root, fake_host(MDEV, Path(root)) as host:
+        body = {"gpu": host.layout.gpu, "type": host.layout.two_fit, "id": chosen.upper()}
+        status, _, device = host.call("POST", "/v1/vgpu-devices", body)
+        assert (status, device["id"]) == (201, chosen)
+        assert (host.root / "sys/bus/mdev/devices" / chosen).exists()
+        again, _, refusal = host.call("POST", "/v1/vgpu-devices", body)
+        assert (again, refusal["reason"]) == (409, "exists")
+        bad, _, refusal = host.call("POST", "/v1/vgpu-devices", {**body, "id": "not-a-uuid"})
+        assert bad == 400
+        assert "id, when given, must be a UUID" in refusal["error"]
+        assert [d["id"] for d in host.devices()] == [chosen]
 
 
 # -- creating until the GPU is full -------------------------------------------------------------
