@@ -35,6 +35,7 @@ SLOW_PATHS = (
     "e2e/",
     "faults/",
     "fleet/tests/test_placement_properties.py",
+    "hypervisors/tests/test_end_to_end_libvirt.py",
     "hypervisors/tests/test_libvirt_backend.py",
     "tests/test_api_fuzz.py",
     "tests/test_deploy_settings.py",

@@ -121,8 +121,10 @@ class VgpuSerializer(ExpandableMixin, serializers.ModelSerializer):
 
     class Meta:
         model = Vgpu
-        fields = ["id", "vm", "gpu", "profile", "placement_id"]
-        read_only_fields = ["placement_id"]
+        fields = ["id", "vm", "gpu", "profile", "placement_id", "device_id"]
+        # device_id: the vGPU instance on the host (mdev UUID or VF address), written by
+        # hypervisor sync and operations, never through this resource.
+        read_only_fields = ["placement_id", "device_id"]
 
     def create(self, validated_data):
         return services.place_vgpu(validated_data["vm"], validated_data["gpu"], validated_data["profile"])
