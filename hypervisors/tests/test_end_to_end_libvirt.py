@@ -11,12 +11,17 @@ mdevs itself, which is exactly the host the agent's device action exists for.
 
 from __future__ import annotations
 
+import contextlib
+from datetime import timedelta
+from types import SimpleNamespace
 from xml.etree import ElementTree as ET
 
 import pytest
+from django.utils import timezone
 
 from faults.services import require_module
-from fleet.models import Vgpu
+from fleet.choices import ResizeStatus
+from fleet.models import ResizeRequest, Vgpu
 from fleet.tests.factories import GpuFactory, HostFactory, VirtualMachineFactory, gpu_model, profile
 from hypervisors.agent_devices import agent_device_token
 from hypervisors.choices import OperationStatus
@@ -48,11 +53,12 @@ def hostdev_xml(kind: str, device_id: str) -> str:
             f"bus='0x{bus}' slot='0x{slot}' function='0x{function}'/></source></hostdev>")
 
 
-def workstation_xml(name: str, uuid: str, hostdev: str) -> str:
+def workstation_xml(name: str, uuid: str, hostdev: str, *, on_poweroff: str = "destroy") -> str:
     return f"""<domain type='test'>
   <name>{name}</name><uuid>{uuid}</uuid>
   <memory unit='GiB'>32</memory><currentMemory unit='GiB'>32</currentMemory><vcpu>8</vcpu>
   <os><type arch='x86_64'>hvm</type></os>
+  <on_poweroff>{on_poweroff}</on_poweroff>
   <devices>
     <disk type='file' device='disk'><source file='/var/lib/libvirt/images/{name}.qcow2'/>
       <target dev='vda' bus='virtio'/></disk>
@@ -71,60 +77,168 @@ def libvirt_view(uri: str, uuid: str) -> tuple[bool, ET.Element]:
         conn.close()
 
 
-@pytest.mark.parametrize("case", CASES, ids=list(CASES))
-def test_an_artists_request_approved_by_an_admin_is_carried_out_on_libvirt(
-        case, libvirtd, tmp_path, settings, artist, artist_api, admin_api):
+@contextlib.contextmanager
+def kvm_world(case: str, libvirtd, tmp_path, artist, admin_api, *, on_poweroff: str = "destroy"):
+    """kvm-01 linked to the private libvirtd, its agent serving a fake sysfs of the case's layout;
+    Ana's ws-ana running there with a vGPU of the held profile, known to inventory, host and agent."""
     layout, model, held, wanted, host_type = CASES[case]
-    settings.HYPERVISOR_VERIFY_WAIT_S = 0
     host = HostFactory(name="kvm-01", hypervisor_uri=libvirtd.uri())
     gpu = GpuFactory(host=host, gpu_model=gpu_model(model), pci_bus_id=layout.gpu)
     vm = VirtualMachineFactory(name="ws-ana", artist=artist, vcpus=8, ram_gib=32)
     agent = polled_agent("kvm-01-agent", "http://127.0.0.1:1", host=host)
-
     token = agent_device_token(agent)
+    prefix = "GRID " if case == "mdev" else "NVIDIA "
     with fake_host(layout, tmp_path, device_token=token) as agent_host:
         agent.url = agent_host.server.url
         agent.save(update_fields=["url"])
-        # The VM as the host has it today: its vGPU made through the agent, its domain running.
-        status, _, old = agent_host.call("POST", "/v1/vgpu-devices", {
-            "gpu": layout.gpu, "type": ("GRID " if case == "mdev" else "NVIDIA ") + held}, token=token)
+
+        def call(method: str, path: str, body=None):
+            return agent_host.call(method, path, body, token=token)
+
+        status, _, old = call("POST", "/v1/vgpu-devices", {"gpu": layout.gpu, "type": prefix + held})
         assert status == 201, old
         # Held open to the end: the test driver keeps its host only while a connection is open.
-        admin_shell = libvirt.open(libvirtd.uri())
-        admin_shell.defineXML(workstation_xml(vm.name, str(vm.uuid), hostdev_xml(layout.device_kind, old["id"])))
-        admin_shell.lookupByUUIDString(str(vm.uuid)).create()
-        admin_api.post("/api/v1/vgpus/", {"vm": vm.pk, "gpu": gpu.pk, "profile": profile(held).pk}, format="json")
+        shell = libvirt.open(libvirtd.uri())
+        shell.defineXML(workstation_xml(vm.name, str(vm.uuid), hostdev_xml(layout.device_kind, old["id"]),
+                                        on_poweroff=on_poweroff))
+        shell.lookupByUUIDString(str(vm.uuid)).create()
+        response = admin_api.post("/api/v1/vgpus/", {"vm": vm.pk, "gpu": gpu.pk, "profile": profile(held).pk},
+                                  format="json")
+        assert response.status_code == 201, response.content
         Vgpu.objects.filter(vm=vm).update(device_id=old["id"])
+        world = SimpleNamespace(layout=layout, host=host, gpu=gpu, vm=vm, old=old, call=call, shell=shell,
+                                uri=libvirtd.uri(), wanted=wanted, held=held, host_type=host_type, prefix=prefix)
+        try:
+            yield world
+        finally:
+            with contextlib.suppress(libvirt.libvirtError):
+                world.shell.close()
 
-        filed = artist_api.post("/api/v1/resize-requests/", {
-            "vm": vm.pk, "requested_profile": profile(wanted).pk, "requested_vgpus": 1,
-            "reason": "my scenes fit in half the frame buffer"}, format="json")
-        assert filed.status_code == 201, filed.content
-        approved = admin_api.post(f"/api/v1/resize-requests/{filed.json()['id']}/approve/",
-                                  {"comment": "done tonight", "run_now": True}, format="json")
-        assert approved.status_code == 200, approved.content
-        assert approved.json()["status"] == "applying"
 
-        done = operations.run(Operation.objects.get(request_id=filed.json()["id"]).pk)
+def devices_on(world) -> list[dict]:
+    return world.call("GET", "/v1/vgpu-devices")[2]["devices"]
+
+
+def held_ids(world) -> list[str]:
+    """The vGPU devices the domain's live XML holds (mdev UUIDs), read through libvirt."""
+    _, live = libvirt_view(world.uri, str(world.vm.uuid))
+    return [a.get("uuid") for a in live.findall("devices/hostdev[@type='mdev']/source/address")]
+
+
+def approve_now(world, admin_api, artist_api) -> Operation:
+    filed = artist_api.post("/api/v1/resize-requests/", {
+        "vm": world.vm.pk, "requested_profile": profile(world.wanted).pk, "requested_vgpus": 1,
+        "reason": "my scenes fit in half the frame buffer"}, format="json")
+    assert filed.status_code == 201, filed.content
+    approved = admin_api.post(f"/api/v1/resize-requests/{filed.json()['id']}/approve/",
+                              {"comment": "done tonight", "run_now": True}, format="json")
+    assert approved.status_code == 200, approved.content
+    assert approved.json()["status"] == "applying"
+    return Operation.objects.get(request_id=filed.json()["id"])
+
+
+def assert_rolled_back(world, done: Operation, because: str) -> None:
+    """The host, the agent and the inventory as they were; the request failed with the reason."""
+    assert done.status == OperationStatus.ROLLED_BACK, done.error
+    assert because in done.error
+    running, _ = libvirt_view(world.uri, str(world.vm.uuid))
+    assert running
+    assert held_ids(world) == [world.old["id"]]
+    assert [(d["id"], d["type"]) for d in devices_on(world)] == [(world.old["id"], world.prefix + world.held)]
+    vgpu = Vgpu.objects.get(vm=world.vm)
+    assert (vgpu.profile.name, vgpu.device_id) == (world.held, world.old["id"])
+    request = ResizeRequest.objects.get(pk=done.request_id)
+    assert request.status == ResizeStatus.FAILED
+    assert because in request.last_error
+
+
+@pytest.mark.parametrize("case", CASES, ids=list(CASES))
+def test_an_artists_request_approved_by_an_admin_is_carried_out_on_libvirt(
+        case, libvirtd, tmp_path, settings, artist, artist_api, admin_api):
+    settings.HYPERVISOR_VERIFY_WAIT_S = 0
+    with kvm_world(case, libvirtd, tmp_path, artist, admin_api) as world:
+        operation = approve_now(world, admin_api, artist_api)
+
+        done = operations.run(operation.pk)
 
         assert done.status == OperationStatus.SUCCEEDED, done.error
-        running, live = libvirt_view(libvirtd.uri(), str(vm.uuid))
+        running, live = libvirt_view(world.uri, str(world.vm.uuid))
         assert running
-        devices = agent_host.call("GET", "/v1/vgpu-devices", token=token)[2]["devices"]
-        assert [d["type"] for d in devices] == [host_type]
+        devices = devices_on(world)
+        assert [d["type"] for d in devices] == [world.host_type]
         new_id = devices[0]["id"]
         if case == "mdev":
-            assert new_id != old["id"]  # a new mdev; on SR-IOV the freed VF may well be the one reused
-            held_ids = [a.get("uuid") for a in live.findall("devices/hostdev[@type='mdev']/source/address")]
-            assert held_ids == [new_id]
+            assert new_id != world.old["id"]  # a new mdev; on SR-IOV the freed VF may well be the one reused
+            assert held_ids(world) == [new_id]
         else:
             addresses = live.findall("devices/hostdev[@type='pci']/source/address")
             assert len(addresses) == 1
             assert new_id.lower().endswith(f"{addresses[0].get('bus')[2:]}:{addresses[0].get('slot')[2:]}."
                                            f"{addresses[0].get('function')[2:]}".lower())
         assert live.find("devices/disk/source").get("file").endswith("ws-ana.qcow2")  # the rest is kept
-        listed = admin_api.get(f"/api/v1/vgpus/?vm={vm.pk}").json()["results"]
-        assert [(v["gpu"], v["profile"], v["device_id"]) for v in listed] == [(gpu.pk, profile(wanted).pk, new_id)]
-        request = artist_api.get(f"/api/v1/resize-requests/{filed.json()['id']}/").json()
+        listed = admin_api.get(f"/api/v1/vgpus/?vm={world.vm.pk}").json()["results"]
+        assert [(v["gpu"], v["profile"], v["device_id"]) for v in listed] == [
+            (world.gpu.pk, profile(world.wanted).pk, new_id)]
+        request = artist_api.get(f"/api/v1/resize-requests/{operation.request_id}/").json()
         assert request["status"] == "approved"
-        admin_shell.close()
+
+
+def test_a_guest_that_will_not_power_off_is_left_running_as_it_was(
+        libvirtd, tmp_path, settings, artist, artist_api, admin_api):
+    settings.HYPERVISOR_SHUTDOWN_TIMEOUT_S = 0.5
+    # A guest that restarts when asked to power off looks, from the host, like one that ignores it.
+    with kvm_world("mdev", libvirtd, tmp_path, artist, admin_api, on_poweroff="restart") as world:
+        done = operations.run(approve_now(world, admin_api, artist_api).pk)
+        assert_rolled_back(world, done, "did not power off within 0.5 s")
+
+
+def test_a_gpu_that_refuses_the_new_vgpu_gets_its_old_one_back(
+        libvirtd, tmp_path, settings, artist, artist_api, admin_api):
+    with kvm_world("mdev", libvirtd, tmp_path, artist, admin_api) as world:
+        # A vGPU made on the host outside the product: the T4 keeps holding 8Q, so no 4Q fits.
+        status, _, stranger = world.call("POST", "/v1/vgpu-devices",
+                                         {"gpu": world.layout.gpu, "type": world.prefix + world.held})
+        assert status == 201
+        done = operations.run(approve_now(world, admin_api, artist_api).pk)
+        assert done.status == OperationStatus.ROLLED_BACK, done.error
+        assert "has no room for another GRID T4-4Q: it holds 1 x GRID T4-8Q" in done.error
+        assert held_ids(world) == [world.old["id"]]
+        assert sorted(d["id"] for d in devices_on(world)) == sorted([world.old["id"], stranger["id"]])
+        assert Vgpu.objects.get(vm=world.vm).profile.name == world.held
+
+
+def test_libvirtd_stopped_mid_operation_holds_it_until_it_is_back_then_it_ends_as_planned(
+        libvirtd, tmp_path, settings, artist, artist_api, admin_api):
+    settings.HYPERVISOR_VERIFY_WAIT_S = 0
+    settings.HYPERVISOR_RETRY_S = 0
+    with kvm_world("mdev", libvirtd, tmp_path, artist, admin_api) as world:
+        operation = approve_now(world, admin_api, artist_api)
+        # A worker gets as far as creating the new vGPU ...
+        taken = operations._take(operation.pk, timezone.now())
+        current = operations.Run(taken, operations.backend_for(world.host), operations.backend_for(world.host))
+        for step in taken.steps.order_by("index")[:4]:
+            operations._do(current, step)
+        current.close()
+        Operation.objects.filter(pk=operation.pk).update(heartbeat_at=timezone.now() - timedelta(hours=1))
+        # ... then libvirtd stops. A real libvirtd keeps its domains' definitions across a restart;
+        # the test driver does not, so the test keeps the definition to give it back.
+        kept = world.shell.lookupByUUIDString(str(world.vm.uuid)).XMLDesc(libvirt.VIR_DOMAIN_XML_INACTIVE)
+        world.shell.close()
+        libvirtd.stop()
+
+        held = operations.run(operation.pk)
+        assert held.status == OperationStatus.RUNNING
+        assert "unreachable" in held.error
+        assert ResizeRequest.objects.get(pk=operation.request_id).status == ResizeStatus.APPLYING
+
+        libvirtd.start()
+        world.shell = libvirt.open(world.uri)
+        world.shell.defineXML(kept)
+        assert operation.pk in operations.resume_due()
+        done = operations.run(operation.pk)
+
+        assert done.status == OperationStatus.SUCCEEDED, done.error
+        new_id = done.steps.get(kind="create_vgpu").result["device"]["id"]
+        assert held_ids(world) == [new_id]
+        assert [d["type"] for d in devices_on(world)] == [world.host_type]
+        assert ResizeRequest.objects.get(pk=operation.request_id).status == ResizeStatus.APPROVED
