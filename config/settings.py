@@ -352,6 +352,9 @@ CELERY_BROKER_CONNECTION_MAX_RETRIES = None
 HYPERVISOR_SECRETS_DIR = Path(env_str("HYPERVISOR_SECRETS_DIR", str(BASE_DIR / "var" / "secrets")))
 HYPERVISOR_SIM_DIR = Path(env_str("HYPERVISOR_SIM_DIR", str(BASE_DIR / "var" / "sim-hypervisors")))
 HYPERVISOR_SHUTDOWN_TIMEOUT_S = env_float("HYPERVISOR_SHUTDOWN_TIMEOUT_S", 300.0)
+# How often beat reads every linked hypervisor and stores its diff against the inventory
+# (hypervisors.tasks.sync_hypervisors; the entry is created once, after migrate).
+HYPERVISOR_SYNC_INTERVAL_S = env_float("HYPERVISOR_SYNC_INTERVAL_S", 900.0)
 
 # Telemetry: agent tokens are derived from this key (defaults to SECRET_KEY; changing it
 # revokes every agent token). An agent not seen for TELEMETRY_STALE_AFTER_S is stale.

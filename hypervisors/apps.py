@@ -1,4 +1,5 @@
 from django.apps import AppConfig
+from django.db.models.signals import post_migrate
 
 
 class HypervisorsConfig(AppConfig):
@@ -8,3 +9,8 @@ class HypervisorsConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
     name = "hypervisors"
     verbose_name = "Hypervisors"
+
+    def ready(self):
+        from hypervisors.schedules import ensure_default_schedules
+
+        post_migrate.connect(ensure_default_schedules, sender=self, dispatch_uid="hypervisors_default_schedules")

@@ -1,0 +1,12 @@
+"""Routes of the v1 hypervisors API, mounted at /api/v1/ after the other apps' (config/urls.py):
+addresses under hosts/{id}/, a resource fleet owns and this app adds to."""
+
+from django.urls import path
+
+from hypervisors.api import views
+
+urlpatterns = [
+    path("hosts/<int:pk>/hypervisor/", views.HostHypervisorView.as_view(), name="host-hypervisor"),
+    path("hosts/<int:pk>/hypervisor/check/", views.HostHypervisorCheckView.as_view(), name="host-hypervisor-check"),
+    path("hosts/<int:pk>/sync/", views.HostSyncView.as_view(), name="host-sync"),
+]

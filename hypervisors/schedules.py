@@ -1,0 +1,19 @@
+"""The hypervisors app's beat entry, created once after migrate (as `telemetry.schedules` does):
+an entry that exists is the admin's to change."""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.db import DEFAULT_DB_ALIAS
+
+from telemetry.schedules import beat_tables_ready, ensure_periodic_task
+
+SYNC_HYPERVISORS = "sync_hypervisors"
+
+
+def ensure_default_schedules(using: str = DEFAULT_DB_ALIAS, **kwargs) -> None:
+    """post_migrate hook: `sync_hypervisors` every HYPERVISOR_SYNC_INTERVAL_S, expiring before its next run."""
+    if not beat_tables_ready(using):
+        return
+    every = settings.HYPERVISOR_SYNC_INTERVAL_S
+    ensure_periodic_task(SYNC_HYPERVISORS, "hypervisors.tasks.sync_hypervisors", every, expires_s=every * 0.9)
