@@ -28,7 +28,7 @@ from fleet.tests.factories import (
 )
 
 #: Fixture modules of one app that tests of other apps use too.
-pytest_plugins = ["fleet.tests.request_world"]
+pytest_plugins = ["fleet.tests.request_world", "hypervisors.tests.fixtures"]
 
 #: Test files (or folders, ending in /) of the slow tier, relative to the repository root.
 SLOW_PATHS = (

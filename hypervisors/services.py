@@ -213,6 +213,20 @@ def apply_report(report: SyncReport, choice, *, user=None) -> list[dict]:
     return outcomes
 
 
+def sync_and_apply(host: Host, choice, *, user=None, trigger: str = SyncTrigger.TASK):
+    """Read the hypervisor, apply what `choice` names of the fresh diff, and when anything was
+    applied read it once more, so the host's last report is the state after the change (the
+    page and GET show no difference that was just applied). Returns (the report applied from,
+    the outcomes); UnknownEntries for a choice naming UUIDs the diff lacks."""
+    report = sync_host(host, user=user, trigger=trigger)
+    if not report.ok:
+        return report, []
+    outcomes = apply_report(report, choice, user=user)
+    if outcomes:
+        sync_host(host, user=user, trigger=trigger)
+    return report, outcomes
+
+
 def record_device_id(vgpu_id: int, device_id: str) -> bool:
     """Keep the hypervisor's id of a vGPU's device (mdev UUID or VF address) on its inventory row;
     False when the row is gone."""

@@ -40,16 +40,14 @@ def host_hypervisor_sync(request, pk: int):
     if not host.hypervisor_uri:
         messages.error(request, f"{host.name} has no hypervisor URI: link it first (admin site).")
         return _back(host)
-    report = services.sync_host(host, user=request.user, trigger=SyncTrigger.PAGE)
-    if not report.ok:
-        messages.error(request, f"The hypervisor could not be read: {report.error}")
-        return _back(host)
     try:
-        outcomes = services.apply_report(report, form.choice(), user=request.user)
+        report, outcomes = services.sync_and_apply(host, form.choice(), user=request.user, trigger=SyncTrigger.PAGE)
     except services.UnknownEntries as exc:
         messages.error(request, f"{exc} The diff below is the hypervisor as it is now.")
         return _back(host)
-    if not outcomes:
+    if not report.ok:
+        messages.error(request, f"The hypervisor could not be read: {report.error}")
+    elif not outcomes:
         count = len(report.differences)
         messages.success(request, f"Read the hypervisor: {count} difference(s) with the inventory."
                          if count else "Read the hypervisor: in step with the inventory.")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import uuid
 
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from hypervisors import services
@@ -51,6 +52,8 @@ class SyncReportSerializer(serializers.Serializer):
     applied_at = serializers.DateTimeField(allow_null=True)
 
 
+@extend_schema_field({"oneOf": [{"type": "string", "enum": [services.APPLY_ALL, services.APPLY_NONE]},
+                               {"type": "array", "items": {"type": "string", "format": "uuid"}, "minItems": 1}]})
 class ApplyField(serializers.Field):
     """"all", "none", or a list of the UUIDs of the diff's entries."""
 

@@ -96,12 +96,9 @@ class HostSyncView(APIView):
         if not host.hypervisor_uri:
             return Response({"detail": f"{host.name} has no hypervisor URI: link it first."},
                             status=status.HTTP_409_CONFLICT)
-        report = services.sync_host(host, user=request.user, trigger=SyncTrigger.API)
-        if not report.ok:
-            return Response({"report": SyncReportSerializer(report).data, "applied": []},
-                            status=status.HTTP_502_BAD_GATEWAY)
         try:
-            applied = services.apply_report(report, choice, user=request.user)
+            report, applied = services.sync_and_apply(host, choice, user=request.user, trigger=SyncTrigger.API)
         except services.UnknownEntries as exc:
             raise ValidationError({"apply": [str(exc)]}) from exc
-        return Response({"report": SyncReportSerializer(report).data, "applied": applied})
+        code = status.HTTP_200_OK if report.ok else status.HTTP_502_BAD_GATEWAY
+        return Response({"report": SyncReportSerializer(report).data, "applied": applied}, status=code)

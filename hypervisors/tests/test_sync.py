@@ -6,7 +6,7 @@ import pytest
 from fleet.models import AuditEvent, Vgpu, VirtualMachine
 from fleet.tests.factories import VirtualMachineFactory, profile
 from hypervisors.models import SyncReport
-from hypervisors.tests.conftest import BUS_A, BUS_B
+from hypervisors.tests.fixtures import BUS_A, BUS_B
 
 pytestmark = pytest.mark.django_db
 

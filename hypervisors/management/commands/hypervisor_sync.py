@@ -39,16 +39,15 @@ class Command(BaseCommand):
         with audit.acting_as(None, AuditSource.SYSTEM, "hypervisor_sync"):
             for host in hosts:
                 services.check_host(host)
-                report = services.sync_host(host, trigger=SyncTrigger.COMMAND)
+                report, outcomes = services.sync_and_apply(host, options["apply"], trigger=SyncTrigger.COMMAND)
                 if not report.ok:
                     failed += 1
                     self.stderr.write(f"{host.name} ({report.uri}): {report.error}")
                     continue
                 self._print(host, report)
-                if options["apply"] == services.APPLY_ALL:
-                    for outcome in services.apply_report(report, services.APPLY_ALL):
-                        mark = "applied" if outcome["ok"] else "partly refused"
-                        self.stdout.write(f"  {outcome['name']}: {mark}: {' '.join(outcome['messages'])}")
+                for outcome in outcomes:
+                    mark = "applied" if outcome["ok"] else "partly refused"
+                    self.stdout.write(f"  {outcome['name']}: {mark}: {' '.join(outcome['messages'])}")
         if failed:
             raise CommandError(f"{failed} hypervisor(s) could not be read", returncode=1)
 

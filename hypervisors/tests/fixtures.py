@@ -1,4 +1,4 @@
-"""Fixtures of the hypervisors app's tests: simulated hypervisors in the test's own folder."""
+"""Fixtures of simulated hypervisors (a plugin of the root conftest.py, so the pages' tests use them too)."""
 
 import pytest
 
