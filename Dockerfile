@@ -10,7 +10,8 @@ COPY . .
 # Collected with the production storage (DEBUG off): whitenoise serves these compressed, with
 # hashed names from the manifest. The key only lets settings load here; it is not kept.
 RUN DEBUG=false SECRET_KEY=collectstatic-only-not-a-secret python manage.py collectstatic --noinput
-RUN useradd --system --uid 10001 --no-create-home fleet && mkdir -p /app/var /agents && chown fleet /app/var /agents
+RUN useradd --system --uid 10001 --no-create-home fleet && mkdir -p /app/var/secrets /app/var/sim-hypervisors /agents \
+    && chown fleet /app/var /app/var/secrets /app/var/sim-hypervisors /agents
 USER fleet
 EXPOSE 8000
 CMD ["gunicorn", "config.wsgi:application", "--config", "config/gunicorn.conf.py"]

@@ -361,6 +361,9 @@ HYPERVISOR_SHUTDOWN_TIMEOUT_S = env_float("HYPERVISOR_SHUTDOWN_TIMEOUT_S", 300.0
 HYPERVISOR_HEARTBEAT_STALE_S = env_float("HYPERVISOR_HEARTBEAT_STALE_S", 120.0)
 HYPERVISOR_RETRY_S = env_float("HYPERVISOR_RETRY_S", 30.0)
 HYPERVISOR_VERIFY_WAIT_S = env_float("HYPERVISOR_VERIFY_WAIT_S", 30.0)
+# How often beat reads every linked hypervisor and stores its diff against the inventory
+# (hypervisors.tasks.sync_hypervisors; the entry is created once, after migrate).
+HYPERVISOR_SYNC_INTERVAL_S = env_float("HYPERVISOR_SYNC_INTERVAL_S", 900.0)
 
 # Telemetry: agent tokens are derived from this key (defaults to SECRET_KEY; changing it
 # revokes every agent token). An agent not seen for TELEMETRY_STALE_AFTER_S is stale.

@@ -86,3 +86,23 @@ class DecisionForm(NextForm):
     which PostgreSQL cannot store, is refused by the field) and where to go back to."""
 
     comment = forms.CharField(required=False, strip=False)
+
+
+class HypervisorSyncForm(forms.Form):
+    """The host page's sync buttons: read the hypervisor and apply nothing ("none"), every
+    appliable entry ("all"), or one entry (`entry`, a domain UUID)."""
+
+    apply = forms.ChoiceField(choices=[("none", "none"), ("all", "all"), ("entry", "one entry")], initial="none")
+    entry = forms.UUIDField(required=False)
+
+    def clean(self):
+        cleaned = super().clean()
+        if cleaned.get("apply") == "entry" and not cleaned.get("entry"):
+            self.add_error("entry", "Name the entry (its domain UUID) to apply.")
+        return cleaned
+
+    def choice(self):
+        """What `hypervisors.services.apply_report` takes."""
+        if self.cleaned_data["apply"] == "entry":
+            return [str(self.cleaned_data["entry"])]
+        return self.cleaned_data["apply"]

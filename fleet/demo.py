@@ -31,6 +31,7 @@ from django.db.models import Q, Sum
 
 from fleet import audit, services
 from fleet.choices import GpuMode, Hypervisor, SizeMode, UserType, Workflow
+from fleet.hypervisor_link import SIM_SCHEME
 from fleet.models import Artist, Gpu, GpuModel, Host, Vgpu, VgpuProfile, VirtualMachine
 from fleet.placement import PlacementError
 
@@ -373,7 +374,8 @@ def _apply_host(plan: HostPlan, report: SeedReport, password_hash: str, reset_pa
              "ram_gib": plan.ram_gib}
     host = Host.objects.filter(name=plan.name).first()
     if host is None:
-        host = services.update_host(Host(name=plan.name), **specs)
+        # Linked to the demo's simulated hypervisor (`manage.py demo_hypervisors` writes its state).
+        host = services.update_host(Host(name=plan.name, hypervisor_uri=f"{SIM_SCHEME}://{plan.name}"), **specs)
         report.hosts_created += 1
     else:
         try:

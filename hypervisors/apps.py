@@ -1,4 +1,5 @@
 from django.apps import AppConfig
+from django.db.models.signals import post_migrate
 
 
 class HypervisorsConfig(AppConfig):
@@ -14,3 +15,7 @@ class HypervisorsConfig(AppConfig):
         from hypervisors import operations
 
         change_approved.connect(operations.on_change_approved, dispatch_uid="hypervisors_operations")
+
+        from hypervisors.schedules import ensure_default_schedules
+
+        post_migrate.connect(ensure_default_schedules, sender=self, dispatch_uid="hypervisors_default_schedules")

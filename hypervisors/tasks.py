@@ -1,12 +1,29 @@
-"""Celery tasks of the hypervisors app: running operations, and resuming those whose time came or
-whose worker was lost."""
+"""Celery tasks of the hypervisors app (logic in `hypervisors.services` and `hypervisors.operations`).
+
+`run_operation` runs or resumes one operation; `resume_operations` (beat) enqueues those whose
+time came or whose worker was lost.
+
+`sync_hypervisors` is beat's entry (created by `hypervisors.schedules` after migrate): every
+linked host's hypervisor is checked and read, and its diff against the inventory stored for
+the host page and the API; nothing is applied without an admin. One host's failure is its own
+report and status; the others go on. The soft limit stops the run between two hosts (those
+left are read at the next run); the hard limit ends a run stuck in one host's call.
+"""
 
 from __future__ import annotations
 
+import logging
+
 from celery import shared_task
+from celery.exceptions import SoftTimeLimitExceeded
 
-from hypervisors import operations
+from hypervisors import operations, services
+from hypervisors.models import SyncTrigger
 
+logger = logging.getLogger(__name__)
+
+SOFT_TIME_LIMIT_S = 240
+TIME_LIMIT_S = 300
 # An operation's own length is bounded by its steps (a shutdown waits at most
 # HYPERVISOR_SHUTDOWN_TIMEOUT_S); the hard limit only stops a run that hangs in a call.
 OPERATION_TIME_LIMIT_S = 3600
@@ -24,3 +41,32 @@ def run_operation(operation_id: int) -> None:
 def resume_operations() -> int:
     """Enqueue the operations due now (window opened, run asked) or left by a lost worker."""
     return len(operations.resume_due())
+
+
+@shared_task(name="hypervisors.tasks.sync_hypervisors", ignore_result=True, soft_time_limit=SOFT_TIME_LIMIT_S,
+             time_limit=TIME_LIMIT_S)
+def sync_hypervisors() -> dict:
+    """Check and read every linked host's hypervisor; returns {"hosts", "ok", "failed"}."""
+    done = {"hosts": 0, "ok": 0, "failed": 0}
+    try:
+        for host in services.linked_hosts():
+            done["hosts"] += 1
+            try:
+                services.check_host(host)
+                report = services.sync_host(host, trigger=SyncTrigger.TASK)
+            except SoftTimeLimitExceeded:
+                raise
+            except Exception:  # noqa: BLE001 - one host's failure must not stop the others
+                logger.exception("sync_hypervisors: %s failed", host.name)
+                done["failed"] += 1
+                continue
+            if report.ok:
+                done["ok"] += 1
+            else:
+                done["failed"] += 1
+                logger.warning("sync_hypervisors: %s: %s", host.name, report.error)
+    except SoftTimeLimitExceeded:
+        logger.warning("sync_hypervisors: time limit reached after %d host(s); the rest wait for the next run",
+                       done["hosts"])
+    logger.info("sync_hypervisors: %(hosts)d host(s), %(ok)d read, %(failed)d failed", done)
+    return done

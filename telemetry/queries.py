@@ -105,3 +105,14 @@ def allocation_use(since: datetime, limit: int) -> tuple[list[dict], int]:
         row["artist_name"] = row.pop("vm__artist__name")
     no_data = VirtualMachine.objects.filter(pk__in=allocated).exclude(pk__in=rollups.values("vm_id")).count()
     return rows, no_data
+
+
+def recent_vgpu_gpus(vm_ids: Iterable[int], since: datetime) -> dict[int, list[tuple[str, datetime]]]:
+    """Per VM, the GPUs (PCI bus ids) its vGPUs were read on at or after `since`, with the newest
+    reading's time: what the agents say a VM runs on, for hypervisor sync. One query."""
+    rows = (VgpuSample.objects.filter(vm_id__in=list(vm_ids), ts__gte=since).order_by()
+            .values("vm_id", "gpu__pci_bus_id").annotate(last=Max("ts")).order_by("vm_id", "gpu__pci_bus_id"))
+    found: dict[int, list[tuple[str, datetime]]] = {}
+    for row in rows:
+        found.setdefault(row["vm_id"], []).append((row["gpu__pci_bus_id"], row["last"]))
+    return found

@@ -48,17 +48,21 @@ def ensure_periodic_task(name: str, task: str, every_s: float, expires_s: float 
         return periodic, True
 
 
+def beat_tables_ready(using: str) -> bool:
+    """Whether a post_migrate hook of `using` may write beat entries: only on the default
+    database, and only once django_celery_beat's tables exist (`migrate` of a single app may
+    run before them)."""
+    from django_celery_beat.models import PeriodicTask
+
+    return using == DEFAULT_DB_ALIAS and PeriodicTask._meta.db_table in connections[using].introspection.table_names()
+
+
 def ensure_default_schedules(using: str = DEFAULT_DB_ALIAS, **kwargs) -> None:
     """post_migrate hook: the telemetry app's periodic tasks, created once (see module doc).
 
     Other telemetry features add their entries here with `ensure_periodic_task`.
     """
-    from django_celery_beat.models import PeriodicTask
-
-    if using != DEFAULT_DB_ALIAS:
-        return
-    # `migrate` of a single app may run before django_celery_beat's tables exist.
-    if PeriodicTask._meta.db_table not in connections[using].introspection.table_names():
+    if not beat_tables_ready(using):
         return
     interval = settings.TELEMETRY_POLL_INTERVAL_S
     ensure_periodic_task(POLL_AGENTS, "telemetry.tasks.poll_agents", interval, expires_s=interval * 0.9)

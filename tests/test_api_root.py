@@ -3,7 +3,7 @@ script (or a person in the browsable API) finds each one from the root."""
 
 import re
 
-from django.urls import get_resolver
+from django.urls import get_resolver, resolve
 from django.urls.resolvers import URLResolver
 
 from fleet.api import urls as fleet_api
@@ -52,5 +52,8 @@ def test_every_address_the_root_lists_is_routed(admin_api, fleet_world):
         kind = next((kind for kind in sorted(ids, key=len, reverse=True) if name.startswith(kind)), None)
         url = address.replace("http://testserver", "").replace("{id}", str(ids.get(kind, 0)))
         response = admin_api.get(url)
-        assert response.status_code != 404, (name, url)
+        if response.status_code == 404:  # a view's own answer (the host was never synced), not a missing route
+            assert resolve(url).url_name == "host-sync", (name, url)
+            assert "never synced" in response.json()["detail"]
+            continue
         assert response["Content-Type"].startswith("application/json"), (name, url)

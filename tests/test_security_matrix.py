@@ -197,6 +197,10 @@ ROWS = [
     Row("me/", lambda w: "/me/", PAGE_SIGNED_IN),
     Row("hosts/", lambda w: "/hosts/", PAGE_ADMINS),
     Row("hosts/{pk}/", lambda w: f"/hosts/{w.host_a.pk}/", PAGE_ADMINS),
+    Row("hosts/{pk}/hypervisor/check/", lambda w: f"/hosts/{w.host_a.pk}/hypervisor/check/", _staff_form(405),
+        Unsafe("post", _staff_form("/hosts/{host}/#hypervisor"), lambda w: {})),
+    Row("hosts/{pk}/hypervisor/sync/", lambda w: f"/hosts/{w.host_a.pk}/hypervisor/sync/", _staff_form(405),
+        Unsafe("post", _staff_form("/hosts/{host}/#hypervisor"), lambda w: {"apply": "all"})),
     Row("gpus/", lambda w: "/gpus/", PAGE_ADMINS),
     Row("gpus/{pk}/", lambda w: f"/gpus/{w.gpu_a.pk}/", PAGE_ADMINS),
     Row("vms/", lambda w: "/vms/", PAGE_ADMINS),
@@ -252,6 +256,12 @@ ROWS = [
     # sign-in
     Row("login/", lambda w: "/login/", (200, "/", "/", "/", 200, 200)),
     Row("logout/", lambda w: "/logout/", (405,) * 6, Unsafe("post", ("/login/",) * 6)),
+    # API: hypervisors (host_a is not linked: a sync is a 409, a check records why)
+    Row("api/v1/hosts/{pk}/hypervisor/", lambda w: f"/api/v1/hosts/{w.host_a.pk}/hypervisor/", API_ADMINS),
+    Row("api/v1/hosts/{pk}/hypervisor/check/", lambda w: f"/api/v1/hosts/{w.host_a.pk}/hypervisor/check/",
+        API_ADMIN_POST_ONLY, Unsafe("post", (401, 403, 403, 200, 200, 401))),
+    Row("api/v1/hosts/{pk}/sync/", lambda w: f"/api/v1/hosts/{w.host_a.pk}/sync/", (401, 403, 403, 404, 404, 401),
+        Unsafe("post", (401, 403, 403, 409, 409, 401), lambda w: {"apply": "all"})),
     # API: scheduler
     Row("api/v1/gpus/{pk}/scheduler/", lambda w: f"/api/v1/gpus/{w.gpu_a.pk}/scheduler/", API_ADMINS,
         Unsafe("put", API_WRITE_ADMINS, lambda w: {})),
@@ -362,7 +372,7 @@ ROWS = [
 
 
 def _fill(expect: tuple, w: W) -> tuple:
-    names = {"gpu": w.gpu_a.pk, "run": w.run.pk, "next_run": w.run.pk + 1}
+    names = {"gpu": w.gpu_a.pk, "run": w.run.pk, "next_run": w.run.pk + 1, "host": w.host_a.pk}
     return tuple(e.format(**names) if isinstance(e, str) else e for e in expect)
 
 

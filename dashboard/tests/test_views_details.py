@@ -518,7 +518,8 @@ def test_host_page_query_count_does_not_grow_with_gpus_vms_and_agents(staff_clie
 
     assert count_queries(staff_client, f"/hosts/{small.host.pk}/") == count_queries(staff_client,
                                                                                     f"/hosts/{big.host.pk}/")
-    with django_assert_num_queries(10):  # session, user, host, GPUs, their samples, VMs, vGPUs, agents, history, badges
+    # session, user, host, GPUs, their samples, VMs, vGPUs, agents, history, badges, hypervisor status and diff
+    with django_assert_num_queries(12):
         body = page(staff_client, f"/hosts/{big.host.pk}/")
     assert len(re.findall(r"<tr data-gpu=", body)) == 12
     assert len(re.findall(r"<tr data-vm=", body)) == 12

@@ -38,6 +38,7 @@ from dashboard.forms import RangeForm
 from fleet import audit
 from fleet.models import AuditEvent, Vgpu, VirtualMachine
 from fleet.queries import gpus_for, hosts_for, visible_artists, visible_vms
+from hypervisors.queries import host_hypervisor
 from telemetry.metrics import HOURLY, default_step
 from telemetry.models import AgentStatus
 from telemetry.queries import latest_gpu_samples, latest_vgpu_samples
@@ -309,6 +310,7 @@ def host_detail(request, pk):
         "vcpus": Capacity(host.allocated_vcpus, host.cpu_threads, host.vcpu_overcommit),
         "ram": Capacity(host.allocated_ram_gib, host.ram_gib, host.ram_overcommit),
         "history": history("host", host.pk),
+        "hypervisor": host_hypervisor(host),
     }
     return render_page(request, "fleet/host_detail.html", context, time_range, error)
 

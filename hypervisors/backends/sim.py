@@ -127,7 +127,7 @@ class SimBackend:
             text = self.path.read_text(encoding="utf-8")
         except FileNotFoundError:
             raise Unreachable(f"The simulated hypervisor {self.uri} is not there: no state file {self.path.name} in "
-                              f"{self.path.parent} (seed it with `manage.py hypervisor_sim_seed`).") from None
+                              f"{self.path.parent} (seed it with `manage.py demo_hypervisors`).") from None
         except OSError as exc:
             raise Unreachable(f"The simulated hypervisor {self.uri} cannot be read: {exc.strerror}.") from None
         try:

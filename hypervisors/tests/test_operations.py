@@ -51,26 +51,27 @@ def assert_as_before(world, done: Operation, because: str) -> None:
     assert because in failed.last_error
 
 
-def test_an_approval_on_a_linked_host_becomes_an_operation_that_replaces_the_vgpu_on_the_host(linked):
-    operation = approve(linked, run_now=True)
+def test_an_approval_on_a_linked_host_becomes_an_operation_that_replaces_the_vgpu_on_the_host(ana_linked):
+    operation = approve(ana_linked, run_now=True)
     assert [s.kind for s in operation.steps.order_by("index")] == [
         "notify", "shutdown", "remove_vgpu", "create_vgpu", "redefine", "start", "verify"]
     # The artist is told at approval that it is being applied, not that it is done.
-    told = Notification.objects.filter(user=linked.artist.user).order_by("pk").last().message
+    told = Notification.objects.filter(user=ana_linked.artist.user).order_by("pk").last().message
     assert "being applied now" in told
 
     done = operations.run(operation.pk)
 
     assert done.status == OperationStatus.SUCCEEDED, done.error
-    domain = the_domain(linked)
+    domain = the_domain(ana_linked)
     assert domain.state == PowerState.RUNNING
     assert [d.type_name for d in domain.vgpus] == ["NVIDIA L40S-12Q"]
     assert OLD_DEVICE not in {d.id for d in host_view().vgpu_devices()}
     # The inventory names the device the host now has; the request is approved; the artist knows.
-    vgpu = Vgpu.objects.get(vm=linked.vm)
+    vgpu = Vgpu.objects.get(vm=ana_linked.vm)
     assert (vgpu.profile.name, vgpu.device_id) == ("L40S-12Q", domain.vgpus[0].id)
-    assert ResizeRequest.objects.get(pk=linked.request.pk).status == ResizeStatus.APPROVED
-    assert "the change is applied" in Notification.objects.filter(user=linked.artist.user).order_by("pk").last().message
+    assert ResizeRequest.objects.get(pk=ana_linked.request.pk).status == ResizeStatus.APPROVED
+    told = Notification.objects.filter(user=ana_linked.artist.user).order_by("pk").last().message
+    assert "the change is applied" in told
     assert not OperationClaim.objects.filter(active=True).exists()
     # Every step left an audit event.
     actions = set(AuditEvent.objects.filter(object_type="operation").values_list("action", flat=True))
@@ -78,20 +79,20 @@ def test_an_approval_on_a_linked_host_becomes_an_operation_that_replaces_the_vgp
             "operation.verify", "operation.succeeded"} <= actions
 
 
-def test_a_guest_that_does_not_power_off_leaves_everything_as_it_was_and_the_request_failed(linked, settings):
+def test_a_guest_that_does_not_power_off_leaves_everything_as_it_was_and_the_request_failed(ana_linked, settings):
     settings.HYPERVISOR_SHUTDOWN_TIMEOUT_S = 0.3
-    host_view().set_ignore_acpi(str(linked.vm.uuid))
-    operation = approve(linked, run_now=True)
+    host_view().set_ignore_acpi(str(ana_linked.vm.uuid))
+    operation = approve(ana_linked, run_now=True)
 
     done = operations.run(operation.pk)
 
-    assert_as_before(linked, done, "did not power off within 0.3 s")
+    assert_as_before(ana_linked, done, "did not power off within 0.3 s")
     assert done.steps.get(kind="shutdown").status == StepStatus.FAILED
     assert "could not be applied and was rolled back" in Notification.objects.filter(
-        user=linked.artist.user).order_by("pk").last().message
+        user=ana_linked.artist.user).order_by("pk").last().message
 
 
-def test_a_gpu_that_cannot_take_the_new_vgpu_rolls_back_to_the_old_device_and_definition(linked):
+def test_a_gpu_that_cannot_take_the_new_vgpu_rolls_back_to_the_old_device_and_definition(ana_linked):
     # The host's driver allows no L40S-12Q on either GPU now (as a host full of others would).
     state = host_view()._read()
     for gpu in state["gpus"]:
@@ -99,19 +100,19 @@ def test_a_gpu_that_cannot_take_the_new_vgpu_rolls_back_to_the_old_device_and_de
             if vtype["name"] == "NVIDIA L40S-12Q":
                 vtype["max_instances"] = 0
     host_view().seed(state)
-    operation = approve(linked, run_now=True)
+    operation = approve(ana_linked, run_now=True)
 
     done = operations.run(operation.pk)
 
-    assert_as_before(linked, done, "cannot take another NVIDIA L40S-12Q")
+    assert_as_before(ana_linked, done, "cannot take another NVIDIA L40S-12Q")
     assert [d.type_name for d in host_view().vgpu_devices()] == ["NVIDIA L40S-24Q"]
 
 
-def test_a_run_cut_short_is_resumed_to_the_same_end_without_making_a_device_twice(linked, settings):
-    operation = approve(linked, run_now=True)
+def test_a_run_cut_short_is_resumed_to_the_same_end_without_making_a_device_twice(ana_linked, settings):
+    operation = approve(ana_linked, run_now=True)
     # A worker took it and got as far as creating the new vGPU, then died (no heartbeat since).
     taken = operations._take(operation.pk, timezone.now())
-    current = operations.Run(taken, operations.backend_for(linked.host), operations.backend_for(linked.host))
+    current = operations.Run(taken, operations.backend_for(ana_linked.host), operations.backend_for(ana_linked.host))
     for step in taken.steps.order_by("index")[:4]:
         operations._do(current, step)
     created = taken.steps.get(kind="create_vgpu").result["device"]["id"]
@@ -123,20 +124,20 @@ def test_a_run_cut_short_is_resumed_to_the_same_end_without_making_a_device_twic
     done = operations.run(operation.pk)
 
     assert done.status == OperationStatus.SUCCEEDED, done.error
-    assert [d.id for d in the_domain(linked).vgpus] == [created]
+    assert [d.id for d in the_domain(ana_linked).vgpus] == [created]
     assert [d.id for d in host_view().vgpu_devices()] == [created]
 
 
-def test_a_run_with_a_live_worker_is_not_taken_by_another(linked):
-    operation = approve(linked, run_now=True)
+def test_a_run_with_a_live_worker_is_not_taken_by_another(ana_linked):
+    operation = approve(ana_linked, run_now=True)
     Operation.objects.filter(pk=operation.pk).update(status=OperationStatus.RUNNING, heartbeat_at=timezone.now())
     assert operations.run(operation.pk) is None
     assert operation.pk not in operations.resume_due()
 
 
-def test_an_unreachable_hypervisor_holds_the_operation_until_it_answers(linked, sim_dir, settings):
+def test_an_unreachable_hypervisor_holds_the_operation_until_it_answers(ana_linked, sim_dir, settings):
     settings.HYPERVISOR_RETRY_S = 0
-    operation = approve(linked, run_now=True)
+    operation = approve(ana_linked, run_now=True)
     state_file = sim_dir / "node-01.json"
     hidden = state_file.with_suffix(".away")
     state_file.rename(hidden)
@@ -145,30 +146,30 @@ def test_an_unreachable_hypervisor_holds_the_operation_until_it_answers(linked, 
 
     assert held.status == OperationStatus.RUNNING
     assert "unreachable" in held.error
-    assert ResizeRequest.objects.get(pk=linked.request.pk).status == ResizeStatus.APPLYING
+    assert ResizeRequest.objects.get(pk=ana_linked.request.pk).status == ResizeStatus.APPLYING
     hidden.rename(state_file)
     assert operation.pk in operations.resume_due()
     assert operations.run(operation.pk).status == OperationStatus.SUCCEEDED
 
 
-def test_a_second_approval_touching_a_gpu_under_an_operation_is_refused_whole(linked):
-    approve(linked, run_now=False)
+def test_a_second_approval_touching_a_gpu_under_an_operation_is_refused_whole(ana_linked):
+    approve(ana_linked, run_now=False)
     other = VirtualMachineFactory(name="ws-bob", vcpus=4, ram_gib=16)
-    services.place_vgpu(other, linked.gpu_b, profile("L40S-24Q"))
-    asked = service.file_request(other, linked.admin, profile("L40S-12Q"), 1, "smaller")
+    services.place_vgpu(other, ana_linked.gpu_b, profile("L40S-24Q"))
+    asked = service.file_request(other, ana_linked.admin, profile("L40S-12Q"), 1, "smaller")
     # The cheapest fit for ws-bob is GPU A, which the first operation holds.
     with pytest.raises(FleetConflict, match="is being changed by operation #"):
-        service.approve(asked, linked.admin, "")
+        service.approve(asked, ana_linked.admin, "")
     assert ResizeRequest.objects.get(pk=asked.pk).status == ResizeStatus.PENDING
     assert Vgpu.objects.get(vm=other).profile.name == "L40S-24Q"
 
 
-def test_an_operation_waits_for_the_wished_window_or_an_admins_run_now(linked):
+def test_an_operation_waits_for_the_wished_window_or_an_admins_run_now(ana_linked):
     start = timezone.now() + timedelta(hours=3)
-    ResizeRequest.objects.filter(pk=linked.request.pk).update(wished_from=start,
+    ResizeRequest.objects.filter(pk=ana_linked.request.pk).update(wished_from=start,
                                                               wished_until=start + timedelta(hours=2))
-    linked.request.refresh_from_db()
-    operation = approve(linked)
+    ana_linked.request.refresh_from_db()
+    operation = approve(ana_linked)
     assert operation.not_before == start
     assert operations.run(operation.pk) is None  # not yet
     assert operations.resume_due() == []
@@ -177,19 +178,19 @@ def test_an_operation_waits_for_the_wished_window_or_an_admins_run_now(linked):
         assert operations.run(operation.pk).status == OperationStatus.SUCCEEDED
 
 
-def test_run_now_starts_a_waiting_operation_and_is_refused_once_it_ended(linked):
-    operation = approve(linked)
+def test_run_now_starts_a_waiting_operation_and_is_refused_once_it_ended(ana_linked):
+    operation = approve(ana_linked)
     assert operations.resume_due() == []
-    operations.run_now(operation, linked.admin)
+    operations.run_now(operation, ana_linked.admin)
     assert operations.resume_due() == [operation.pk]
     operations.run(operation.pk)
     with pytest.raises(FleetConflict, match="is succeeded already"):
-        operations.run_now(operation, linked.admin)
+        operations.run_now(operation, ana_linked.admin)
 
 
-def test_an_unlinked_host_is_approved_and_applied_at_once_as_before(linked):
-    linked.host.hypervisor_uri = ""
-    linked.host.save()
-    approved = service.approve(linked.request, linked.admin, "")
+def test_an_unlinked_host_is_approved_and_applied_at_once_as_before(ana_linked):
+    ana_linked.host.hypervisor_uri = ""
+    ana_linked.host.save()
+    approved = service.approve(ana_linked.request, ana_linked.admin, "")
     assert approved.status == ResizeStatus.APPROVED
     assert not Operation.objects.exists()

@@ -18,14 +18,14 @@ pytestmark = pytest.mark.django_db
 
 
 @pytest.fixture
-def waiting(linked, admin_api):
+def waiting(ana_linked, admin_api):
     """The request approved through the API without run_now: its operation waits for an admin."""
-    response = admin_api.post(f"/api/v1/resize-requests/{linked.request.pk}/approve/", {"comment": "ok"},
+    response = admin_api.post(f"/api/v1/resize-requests/{ana_linked.request.pk}/approve/", {"comment": "ok"},
                               format="json")
     assert response.status_code == 200, response.content
     assert response.json()["status"] == "applying"
-    linked.operation = Operation.objects.get(request=linked.request)
-    return linked
+    ana_linked.operation = Operation.objects.get(request=ana_linked.request)
+    return ana_linked
 
 
 def test_the_api_lists_an_operation_with_its_steps_and_the_admin_runs_it_now(waiting, admin_api):
@@ -91,19 +91,19 @@ def test_the_operation_page_shows_its_steps_and_runs_it_now(waiting, client, adm
     assert "7/7" in listed
 
 
-def test_confirming_on_the_review_page_with_run_now_starts_the_operation_and_shows_it(linked, client, admin_user):
+def test_confirming_on_the_review_page_with_run_now_starts_the_operation_and_shows_it(ana_linked, client, admin_user):
     client.force_login(admin_user)
-    review = client.get(f"/requests/{linked.request.pk}/review/").content.decode()
+    review = client.get(f"/requests/{ana_linked.request.pk}/review/").content.decode()
     assert "is linked to its hypervisor" in review
     assert 'name="run_now"' in review
     fingerprint = review.split('name="fingerprint" value="')[1].split('"')[0]
-    response = client.post(f"/requests/{linked.request.pk}/approve/",
+    response = client.post(f"/requests/{ana_linked.request.pk}/approve/",
                            {"confirm": "on", "fingerprint": fingerprint, "run_now": "on", "comment": ""})
-    operation = Operation.objects.get(request=linked.request)
+    operation = Operation.objects.get(request=ana_linked.request)
     assert response.status_code == 302
     assert response["Location"] == f"/operations/{operation.pk}/"
     assert operation.run_now is True
-    assert ResizeRequest.objects.get(pk=linked.request.pk).status == ResizeStatus.APPLYING
+    assert ResizeRequest.objects.get(pk=ana_linked.request.pk).status == ResizeStatus.APPLYING
     assert operation.status == OperationStatus.PENDING
 
 

@@ -18,7 +18,7 @@ from hypervisors.backends.base import (
     ShutdownTimeout,
     Unreachable,
 )
-from hypervisors.tests.worlds import BUS_A, BUS_B
+from hypervisors.tests.fixtures import BUS_A, BUS_B
 
 
 def test_open_backend_opens_the_file_named_after_the_uri(node, sim_dir):

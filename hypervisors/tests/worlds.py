@@ -12,9 +12,8 @@ from fleet import services
 from fleet.models import Vgpu
 from fleet.tests.factories import GpuFactory, HostFactory, UserFactory, VirtualMachineFactory, gpu_model, profile
 from hypervisors.backends import sim
+from hypervisors.tests.fixtures import BUS_A, BUS_B, L40S_TYPES
 
-L40S_TYPES = [("NVIDIA L40S-48Q", 1), ("NVIDIA L40S-24Q", 2), ("NVIDIA L40S-12Q", 4)]
-BUS_A, BUS_B = "00000000:3B:00.0", "00000000:5E:00.0"
 OLD_DEVICE = "6f1c3e57-0000-4000-8000-00000000a001"
 
 
@@ -24,7 +23,7 @@ def host_view(name: str = "node-01") -> sim.SimBackend:
 
 
 @pytest.fixture
-def linked(sim_dir, settings, artist):
+def ana_linked(sim_dir, settings, artist):
     """node-01 linked to sim://node-01: two L40S GPUs; Ana's VM ws-ana runs with one L40S-24Q on
     GPU A, known to both the inventory and the hypervisor; Ana asks for an L40S-12Q."""
     settings.HYPERVISOR_VERIFY_WAIT_S = 0
