@@ -540,7 +540,7 @@ def test_vm_page_query_count_does_not_grow_with_vgpus(staff_client, django_asser
     small, big = multi_vgpu_vm(1, "small"), multi_vgpu_vm(4, "big")
 
     assert count_queries(staff_client, f"/vms/{small.pk}/") == count_queries(staff_client, f"/vms/{big.pk}/")
-    with django_assert_num_queries(8):  # session, user, VM, vGPUs, usage, agents, history, badges
+    with django_assert_num_queries(9):  # session, user, VM, vGPUs, usage, agents, operation, history, badges
         body = page(staff_client, f"/vms/{big.pk}/")
     assert len(re.findall(r"<tr data-vgpu=", body)) == 4
 

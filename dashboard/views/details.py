@@ -38,7 +38,7 @@ from dashboard.forms import RangeForm
 from fleet import audit
 from fleet.models import AuditEvent, Vgpu, VirtualMachine
 from fleet.queries import gpus_for, hosts_for, visible_artists, visible_vms
-from hypervisors.queries import host_hypervisor
+from hypervisors.queries import active_operation_of, host_hypervisor
 from telemetry.metrics import HOURLY, default_step
 from telemetry.models import AgentStatus
 from telemetry.queries import latest_gpu_samples, latest_vgpu_samples
@@ -386,6 +386,7 @@ def vm_detail(request, pk):
         "summary": usage_sentences(usage, profile_fb_mib, time_range),
         "charts": vm_charts(vm, profile_fb_mib, time_range, hint), "hint": hint, "staff": staff,
         "notices": agent_notices(agents, staff),
+        "operation": active_operation_of(vm.pk),
         "suggestion": getattr(vm, "suggestion", None),
         # Staff only: events name other people and show rows artists do not see.
         "history": history("vm", vm.pk, related=("vgpu", "resize_request"), key="vm_id") if staff else None,

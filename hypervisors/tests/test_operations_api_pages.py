@@ -115,3 +115,13 @@ def test_an_artists_page_of_their_operation_has_no_run_button(waiting, client):
     assert client.post(f"/operations/{waiting.operation.pk}/run/").status_code in (302, 403)
     assert Operation.objects.get(pk=waiting.operation.pk).run_now is False
     assert client.get("/operations/").status_code in (302, 403)
+
+
+def test_the_vm_page_says_an_operation_is_under_way_and_links_to_it(waiting, client):
+    client.force_login(waiting.artist.user)
+    page = client.get(f"/vms/{waiting.vm.pk}/").content.decode()
+    assert f'href="/operations/{waiting.operation.pk}/"' in page
+    assert "is being changed on its hypervisor" in page
+    operations.run_now(waiting.operation, waiting.admin)
+    operations.run(waiting.operation.pk)
+    assert "is being changed on its hypervisor" not in client.get(f"/vms/{waiting.vm.pk}/").content.decode()
