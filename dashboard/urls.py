@@ -78,6 +78,7 @@ hypervisors_patterns = [
     path("operations/", operations.OperationListView.as_view(), name="operation-list"),
     path("operations/<int:pk>/", operations.operation_detail, name="operation-detail"),
     path("operations/<int:pk>/run/", operations.operation_run, name="operation-run"),
+    path("operations/<int:pk>/cancel/", operations.operation_cancel, name="operation-cancel"),
 ]
 
 urlpatterns = [

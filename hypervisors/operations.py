@@ -171,7 +171,18 @@ def enqueue(operation_id: int) -> None:
 
 
 def _due(operation: Operation, now) -> bool:
-    return operation.run_now or (operation.not_before is not None and operation.not_before <= now)
+    in_window = (operation.not_before is not None and operation.not_before <= now
+                 and (operation.not_after is None or now < operation.not_after))
+    return operation.run_now or in_window
+
+
+def _runnable(now) -> Q:
+    """Operations a worker may take now: pending ones asked to run now or inside their window
+    (a window that closed unused waits for an admin), and running ones whose worker went silent."""
+    in_window = Q(not_before__lte=now) & (Q(not_after__isnull=True) | Q(not_after__gt=now))
+    lost = Q(heartbeat_at__lt=stale_before(now)) | Q(heartbeat_at__isnull=True)
+    return (Q(status=OperationStatus.PENDING) & (Q(run_now=True) | in_window)
+            | Q(status=OperationStatus.RUNNING) & lost)
 
 
 def stale_before(now):
@@ -191,15 +202,32 @@ def run_now(operation: Operation, actor) -> Operation:
     return operation
 
 
+def cancel(operation: Operation, actor, reason: str = "") -> Operation:
+    """An admin withdraws a pending operation before it touched the hypervisor: the inventory is
+    put back as it was, the request marked failed with who cancelled it and why. FleetConflict
+    once a worker has taken it (it then ends, or rolls back, on its own)."""
+    why = f"Cancelled by {getattr(actor, 'username', None) or 'an admin'} before it started"
+    why += f": {reason.strip()}" if reason.strip() else "."
+    with transaction.atomic():
+        if not Operation.objects.filter(pk=operation.pk, status=OperationStatus.PENDING).update(
+                status=OperationStatus.ROLLED_BACK, finished_at=timezone.now(), error=why):
+            operation.refresh_from_db(fields=["status"])
+            raise locks.conflict(f"Operation #{operation.pk} is {operation.get_status_display().lower()}: only a "
+                                 "pending operation can be cancelled.")
+        operation.refresh_from_db()
+        operation.steps.update(status=StepStatus.SKIPPED)
+        _release(operation)
+        if operation.request_id:
+            fleet_requests.revert_approval(operation.request, operation.before.get("vgpus", []), why)
+        audit.record("operation.cancel", operation, after=_summary(operation), comment=why)
+    return operation
+
+
 def resume_due(now=None) -> list[int]:
     """Operations a worker should run now: pending ones whose time came, running ones whose
     worker went silent (killed, or stopped on an unreachable hypervisor). Enqueues them."""
     now = now or timezone.now()
-    due = Operation.objects.filter(
-        Q(status=OperationStatus.PENDING) & (Q(run_now=True) | Q(not_before__lte=now))
-        | Q(status=OperationStatus.RUNNING) & (Q(heartbeat_at__lt=stale_before(now)) | Q(heartbeat_at__isnull=True))
-    ).values_list("pk", flat=True)
-    ids = list(due)
+    ids = list(Operation.objects.filter(_runnable(now)).values_list("pk", flat=True))
     for pk in ids:
         enqueue(pk)
     return ids
@@ -208,10 +236,8 @@ def resume_due(now=None) -> list[int]:
 def _take(operation_id: int, now) -> Operation | None:
     """Claim the run by a conditional update: None when another worker runs it (a fresh
     heartbeat), it ended, or its time has not come."""
-    taken = Operation.objects.filter(pk=operation_id).filter(
-        Q(status=OperationStatus.PENDING) & (Q(run_now=True) | Q(not_before__lte=now))
-        | Q(status=OperationStatus.RUNNING) & (Q(heartbeat_at__lt=stale_before(now)) | Q(heartbeat_at__isnull=True))
-    ).update(status=OperationStatus.RUNNING, heartbeat_at=now)
+    taken = Operation.objects.filter(pk=operation_id).filter(_runnable(now)).update(
+        status=OperationStatus.RUNNING, heartbeat_at=now)
     if not taken:
         return None
     operation = Operation.objects.select_related("vm__artist__user", "host", "target_host", "request").get(

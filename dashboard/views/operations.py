@@ -8,17 +8,20 @@ one whatever its window.
 
 from __future__ import annotations
 
+from django import forms
 from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.db.models import QuerySet
 from django.shortcuts import get_object_or_404, redirect, render
+from django.utils import timezone
 from django.views.decorators.http import require_POST
 from django_htmx.http import HttpResponseClientRefresh
 
 from config.roles import is_fleet_admin
 from dashboard import tables
 from dashboard.access import staff_required
+from dashboard.forms import field_errors
 from dashboard.listing import TableListView
 from fleet.locks import FleetConflict
 from hypervisors import operations
@@ -60,11 +63,35 @@ def operation_detail(request, pk: int):
     if request.htmx and not request.user.is_authenticated:
         return HttpResponseClientRefresh()
     operation = get_object_or_404(operations_for(request.user), pk=pk)
+    window_closed = bool(operation.not_after and operation.not_after <= timezone.now())
     context = {"op": operation, "steps": list(operation.steps.all()), "active": operation.is_active,
+               "window_closed": window_closed,
                "poll_s": POLL_S, "can_run": is_fleet_admin(request.user), "self_url": request.path,
                "shutdown_timeout_s": settings.HYPERVISOR_SHUTDOWN_TIMEOUT_S}
     template = "hypervisors/partials/operation_body.html" if request.htmx else "hypervisors/operation_detail.html"
     return render(request, template, context)
+
+
+class CancelForm(forms.Form):
+    reason = forms.CharField(required=False, max_length=500)
+
+
+@require_POST
+@staff_required
+def operation_cancel(request, pk: int):
+    """An admin's "Cancel the change" for a pending operation: nothing on the hypervisor was
+    touched; the inventory goes back and the request is marked failed with the reason."""
+    operation = get_object_or_404(Operation, pk=pk)
+    form = CancelForm(request.POST)
+    if not form.is_valid():
+        messages.error(request, f"Operation #{pk} was not cancelled: {field_errors(form)}")
+        return redirect("hypervisors:operation-detail", pk=pk)
+    try:
+        operations.cancel(operation, request.user, form.cleaned_data["reason"])
+        messages.success(request, f"Operation #{pk} was cancelled; {operation.vm.name} keeps its vGPU.")
+    except FleetConflict as exc:
+        messages.error(request, f"Operation #{pk} was not cancelled: {exc}")
+    return redirect("hypervisors:operation-detail", pk=pk)
 
 
 @require_POST

@@ -3,7 +3,8 @@
 Read by every signed-in user, scoped like VMs (an artist sees the operations of their own VMs,
 a 404 for the rest); each operation lists its steps with their state, times and error, so a
 script can follow one to its end. `POST {id}/run/` (admins) runs a pending operation now,
-whatever its window. Operations are created by approvals and optimizer plans, never here.
+whatever its window; `POST {id}/cancel/` withdraws one that has not started. Operations are
+created by approvals and optimizer plans, never here.
 """
 
 from __future__ import annotations
@@ -61,6 +62,11 @@ class OperationSerializer(serializers.ModelSerializer):
         return [self._public(step) for step in obj.steps.all()]
 
 
+class CancelSerializer(serializers.Serializer):
+    reason = serializers.CharField(required=False, allow_blank=True, default="", max_length=500,
+                                   help_text="Why, for the artist (their request is marked failed with it)")
+
+
 class OperationViewSet(viewsets.ReadOnlyModelViewSet):
     serializer_class = OperationSerializer
     permission_classes = [IsOperationAdmin]
@@ -70,6 +76,17 @@ class OperationViewSet(viewsets.ReadOnlyModelViewSet):
 
     def get_queryset(self):
         return operations_for(self.request.user)
+
+    @extend_schema(request=CancelSerializer,
+                   responses={200: OperationSerializer, 409: OpenApiResponse(DetailSerializer)})
+    @action(detail=True, methods=["post"])
+    def cancel(self, request, pk=None):
+        """Cancel a pending operation (nothing on the hypervisor was touched): the inventory goes back,
+        the request is marked failed with the reason; 409 once a worker took it."""
+        body = CancelSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        operation = operations.cancel(self.get_object(), request.user, body.validated_data["reason"])
+        return Response(self.get_serializer(operation).data)
 
     @extend_schema(request=None, responses={202: OperationSerializer, 409: OpenApiResponse(DetailSerializer)})
     @action(detail=True, methods=["post"])

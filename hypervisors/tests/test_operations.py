@@ -194,3 +194,37 @@ def test_an_unlinked_host_is_approved_and_applied_at_once_as_before(ana_linked):
     approved = service.approve(ana_linked.request, ana_linked.admin, "")
     assert approved.status == ResizeStatus.APPROVED
     assert not Operation.objects.exists()
+
+
+def test_a_window_that_closed_unused_waits_for_an_admin_instead_of_running_late(ana_linked):
+    start = timezone.now() + timedelta(hours=1)
+    ResizeRequest.objects.filter(pk=ana_linked.request.pk).update(wished_from=start,
+                                                                  wished_until=start + timedelta(hours=1))
+    ana_linked.request.refresh_from_db()
+    operation = approve(ana_linked)
+    with time_machine.travel(start + timedelta(hours=2)):  # no worker ran it in time
+        assert operations.resume_due() == []
+        assert operations.run(operation.pk) is None
+        operations.run_now(operation, ana_linked.admin)
+        assert operations.run(operation.pk).status == OperationStatus.SUCCEEDED
+
+
+def test_a_cancelled_operation_gives_the_vm_its_vgpu_back_and_tells_the_artist_why(ana_linked):
+    operation = approve(ana_linked)
+    assert Vgpu.objects.get(vm=ana_linked.vm).profile.name == "L40S-12Q"  # reserved at approval
+
+    operations.cancel(operation, ana_linked.admin, "the render deadline moved")
+
+    operation.refresh_from_db()
+    assert operation.status == OperationStatus.ROLLED_BACK
+    assert "Cancelled by it-admin before it started: the render deadline moved" == operation.error
+    assert (Vgpu.objects.get(vm=ana_linked.vm).profile.name, the_domain(ana_linked).vgpus[0].id) == (
+        "L40S-24Q", OLD_DEVICE)
+    failed = ResizeRequest.objects.get(pk=ana_linked.request.pk)
+    assert (failed.status, failed.last_error) == (ResizeStatus.FAILED, operation.error)
+    assert "the render deadline moved" in Notification.objects.filter(
+        user=ana_linked.artist.user).order_by("pk").last().message
+    assert not OperationClaim.objects.filter(active=True).exists()
+    assert operations.run(operation.pk) is None
+    with pytest.raises(FleetConflict, match="only a pending operation can be cancelled"):
+        operations.cancel(operation, ana_linked.admin)

@@ -125,3 +125,20 @@ def test_the_vm_page_says_an_operation_is_under_way_and_links_to_it(waiting, cli
     operations.run_now(waiting.operation, waiting.admin)
     operations.run(waiting.operation.pk)
     assert "is being changed on its hypervisor" not in client.get(f"/vms/{waiting.vm.pk}/").content.decode()
+
+
+def test_an_admin_cancels_a_waiting_operation_through_the_api_and_the_page(waiting, admin_api, client, admin_user):
+    response = admin_api.post(f"/api/v1/operations/{waiting.operation.pk}/cancel/", {"reason": "x" * 501},
+                              format="json")
+    assert response.status_code == 400
+    assert "reason" in response.json()
+    assert Operation.objects.get(pk=waiting.operation.pk).status == OperationStatus.PENDING  # nothing lost
+
+    client.force_login(admin_user)
+    assert "Cancel the change" in client.get(f"/operations/{waiting.operation.pk}/").content.decode()
+    client.post(f"/operations/{waiting.operation.pk}/cancel/", {"reason": "moved to Friday"})
+    cancelled = admin_api.get(f"/api/v1/operations/{waiting.operation.pk}/").json()
+    assert cancelled["status"] == "rolled_back"
+    assert cancelled["error"].endswith("moved to Friday")
+    again = admin_api.post(f"/api/v1/operations/{waiting.operation.pk}/cancel/", {}, format="json")
+    assert again.status_code == 409
