@@ -164,12 +164,17 @@ def test_a_second_approval_touching_a_gpu_under_an_operation_is_refused_whole(an
     assert Vgpu.objects.get(vm=other).profile.name == "L40S-24Q"
 
 
+def approve_in_window(world, start, hours: float) -> Operation:
+    """Approve the request after the artist asked for the window from `start`, `hours` long."""
+    ResizeRequest.objects.filter(pk=world.request.pk).update(wished_from=start,
+                                                             wished_until=start + timedelta(hours=hours))
+    world.request.refresh_from_db()
+    return approve(world)
+
+
 def test_an_operation_waits_for_the_wished_window_or_an_admins_run_now(ana_linked):
     start = timezone.now() + timedelta(hours=3)
-    ResizeRequest.objects.filter(pk=ana_linked.request.pk).update(wished_from=start,
-                                                              wished_until=start + timedelta(hours=2))
-    ana_linked.request.refresh_from_db()
-    operation = approve(ana_linked)
+    operation = approve_in_window(ana_linked, start, 2)
     assert operation.not_before == start
     assert operations.run(operation.pk) is None  # not yet
     assert operations.resume_due() == []
@@ -198,10 +203,7 @@ def test_an_unlinked_host_is_approved_and_applied_at_once_as_before(ana_linked):
 
 def test_a_window_that_closed_unused_waits_for_an_admin_instead_of_running_late(ana_linked):
     start = timezone.now() + timedelta(hours=1)
-    ResizeRequest.objects.filter(pk=ana_linked.request.pk).update(wished_from=start,
-                                                                  wished_until=start + timedelta(hours=1))
-    ana_linked.request.refresh_from_db()
-    operation = approve(ana_linked)
+    operation = approve_in_window(ana_linked, start, 1)
     with time_machine.travel(start + timedelta(hours=2)):  # no worker ran it in time
         assert operations.resume_due() == []
         assert operations.run(operation.pk) is None
@@ -217,7 +219,7 @@ def test_a_cancelled_operation_gives_the_vm_its_vgpu_back_and_tells_the_artist_w
 
     operation.refresh_from_db()
     assert operation.status == OperationStatus.ROLLED_BACK
-    assert "Cancelled by it-admin before it started: the render deadline moved" == operation.error
+    assert operation.error == "Cancelled by it-admin before it started: the render deadline moved"
     assert (Vgpu.objects.get(vm=ana_linked.vm).profile.name, the_domain(ana_linked).vgpus[0].id) == (
         "L40S-24Q", OLD_DEVICE)
     failed = ResizeRequest.objects.get(pk=ana_linked.request.pk)
