@@ -41,8 +41,10 @@ class HostSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = Host
+        # hypervisor_secret_ref is the name of a file in the secrets folder, never the secret.
         fields = ["id", "name", "hypervisor", "cpu_model", "cpu_threads", "ram_gib", "vcpu_overcommit",
-                  "ram_overcommit", "multi_vgpu_same_gpu", "allocated_vcpus", "allocated_ram_gib", "gpu_count"]
+                  "ram_overcommit", "multi_vgpu_same_gpu", "hypervisor_uri", "hypervisor_secret_ref",
+                  "allocated_vcpus", "allocated_ram_gib", "gpu_count"]
         extra_kwargs = {"cpu_threads": {"min_value": 1}, "ram_gib": {"min_value": 1}}
 
     def create(self, validated_data):

@@ -36,3 +36,21 @@ def test_a_secret_is_named_never_given_as_a_path():
 def test_sim_uris_are_told_apart():
     assert is_simulated("sim://node-01")
     assert not is_simulated("qemu:///system")
+
+
+@pytest.mark.django_db
+def test_scripts_link_a_host_through_the_api_and_a_bad_link_is_refused_naming_the_field(admin_api):
+    from fleet.tests.factories import HostFactory
+
+    host = HostFactory(name="node-07")
+    linked = admin_api.patch(f"/api/v1/hosts/{host.pk}/", {"hypervisor_uri": "qemu+ssh://root@node-07/system",
+                                                           "hypervisor_secret_ref": "node-07-key"}, format="json")
+    assert linked.status_code == 200, linked.content
+    assert (linked.json()["hypervisor_uri"], linked.json()["hypervisor_secret_ref"]) == (
+        "qemu+ssh://root@node-07/system", "node-07-key")
+    refused = admin_api.patch(f"/api/v1/hosts/{host.pk}/", {"hypervisor_uri": "vmware://vc/",
+                                                            "hypervisor_secret_ref": "../../etc/shadow"}, format="json")
+    assert refused.status_code == 400
+    assert set(refused.json()) >= {"hypervisor_uri", "hypervisor_secret_ref"}
+    host.refresh_from_db()
+    assert host.hypervisor_uri == "qemu+ssh://root@node-07/system"  # the good link is kept
