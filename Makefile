@@ -49,6 +49,7 @@ run: install $(DEMO_SECRETS)
 	DEMO_ARTIST_PASSWORD="$${DEMO_ARTIST_PASSWORD:-$$(cat var/demo-artist-password)}" \
 	$(BIN)/python manage.py seed_demo
 	$(BIN)/python manage.py demo_hypervisors
+	$(BIN)/python manage.py hypervisor_sync
 	$(BIN)/python manage.py demo_agents --base-port $(AGENT_PORT)
 	@echo "Back-filling two weeks of demo history for every demo host (first run only, a minute or two)..."
 	$(BIN)/python manage.py backfill_demo

@@ -118,10 +118,12 @@ def create(vm: VirtualMachine, source: Host, target: Host, *, before: list[dict]
         after={"vcpus": vm.vcpus, "ram_mib": vm.ram_gib * 1024, "vgpus": vgpus_after},
         not_before=not_before, not_after=not_after, run_now=run_now, created_by=actor,
     )
+    # A move goes cold and before the new vGPUs: they are made on the target host, and the
+    # domain is redefined there, where its devices exist.
     kinds = [StepKind.NOTIFY, StepKind.SHUTDOWN, StepKind.REMOVE_VGPU]
+    kinds += [StepKind.MOVE_DOMAIN] if target.pk != source.pk else []
     kinds += [StepKind.CREATE_VGPU] * len(vgpus_after)
-    kinds += [StepKind.REDEFINE] + ([StepKind.MOVE_DOMAIN] if target.pk != source.pk else [])
-    kinds += [StepKind.START, StepKind.VERIFY]
+    kinds += [StepKind.REDEFINE, StepKind.START, StepKind.VERIFY]
     created = iter(vgpus_after)
     steps = []
     for index, step_kind in enumerate(kinds):

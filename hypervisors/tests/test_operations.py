@@ -18,11 +18,13 @@ from fleet import services
 from fleet.choices import ResizeStatus
 from fleet.locks import FleetConflict
 from fleet.models import AuditEvent, Notification, ResizeRequest, Vgpu
-from fleet.tests.factories import VirtualMachineFactory, profile
+from fleet.tests.factories import GpuFactory, HostFactory, VirtualMachineFactory, profile
 from hypervisors import operations
+from hypervisors.backends import sim
 from hypervisors.backends.base import PowerState
 from hypervisors.choices import OperationStatus, StepStatus
 from hypervisors.models import Operation, OperationClaim
+from hypervisors.tests.fixtures import BUS_A, BUS_B, L40S_TYPES
 from hypervisors.tests.worlds import OLD_DEVICE, host_view
 
 pytestmark = pytest.mark.django_db
@@ -230,3 +232,34 @@ def test_a_cancelled_operation_gives_the_vm_its_vgpu_back_and_tells_the_artist_w
     assert operations.run(operation.pk) is None
     with pytest.raises(FleetConflict, match="only a pending operation can be cancelled"):
         operations.cancel(operation, ana_linked.admin)
+
+
+def test_a_change_that_moves_the_vm_to_another_host_goes_there_cold_with_its_new_vgpu(ana_linked):
+    # node-01 has no room for a 12Q once ws-ana's 24Q is gone (GPU A keeps another 24Q, GPU B a
+    # 48Q); node-02, linked too, has an empty L40S.
+    state = host_view()._read()
+    sim.add_device(state, BUS_B, "NVIDIA L40S-48Q")
+    sim.add_device(state, BUS_A, "NVIDIA L40S-24Q")
+    host_view().seed(state)
+    for gpu, name in ((ana_linked.gpu_a, "L40S-24Q"), (ana_linked.gpu_b, "L40S-48Q")):
+        services.place_vgpu(VirtualMachineFactory(vcpus=2, ram_gib=8), gpu, profile(name))
+    node_02 = HostFactory(name="node-02", hypervisor_uri="sim://node-02")
+    gpu_c = GpuFactory(host=node_02, gpu_model=ana_linked.gpu_a.gpu_model, pci_bus_id=BUS_A)
+    other = sim.empty_state("node-02")
+    sim.add_gpu(other, BUS_A, "NVIDIA L40S", L40S_TYPES)
+    host_view("node-02").seed(other)
+
+    operation = approve(ana_linked, run_now=True)
+    assert (operation.host, operation.target_host) == (ana_linked.host, node_02)
+    assert [s.kind for s in operation.steps.order_by("index")] == [
+        "notify", "shutdown", "remove_vgpu", "move_domain", "create_vgpu", "redefine", "start", "verify"]
+    done = operations.run(operation.pk)
+
+    assert done.status == OperationStatus.SUCCEEDED, done.error
+    moved = host_view("node-02").domain(str(ana_linked.vm.uuid))
+    assert (moved.state, [(d.gpu_bus_id, d.type_name) for d in moved.vgpus]) == (
+        PowerState.RUNNING, [(BUS_A, "NVIDIA L40S-12Q")])
+    assert str(ana_linked.vm.uuid) not in {d.uuid for d in host_view().list_domains()}
+    assert OLD_DEVICE not in {d.id for d in host_view().vgpu_devices()}
+    vgpu = Vgpu.objects.select_related("vm").get(vm=ana_linked.vm)
+    assert (vgpu.gpu_id, vgpu.vm.host_id, vgpu.device_id) == (gpu_c.pk, node_02.pk, moved.vgpus[0].id)
