@@ -17,6 +17,7 @@ import json
 import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from django.conf import settings
 from django.db import transaction
@@ -24,6 +25,7 @@ from django.db import transaction
 from fleet.catalog import catalog_model
 from fleet.choices import GpuMode
 from fleet.demo import POC_HOST
+from fleet.hypervisor_link import is_simulated
 from fleet.models import Gpu, Host, Vgpu
 from telemetry.agent.scenario import build_scenario, dump_scenario
 from telemetry.models import Agent, AgentKind
@@ -72,7 +74,7 @@ def host_scenario(host: Host, timezone: str | None = None) -> dict:
     by_gpu: dict[int, list[Vgpu]] = {}
     for vgpu in vgpus:
         by_gpu.setdefault(vgpu.gpu_id, []).append(vgpu)
-    return build_scenario(
+    scenario = build_scenario(
         host.name,
         [
             {
@@ -98,6 +100,11 @@ def host_scenario(host: Host, timezone: str | None = None) -> dict:
         ],
         timezone=timezone,
     )
+    if is_simulated(host.hypervisor_uri):
+        # The agent reports what the host's simulated hypervisor runs (sim_backend.following_hypervisor).
+        name = urlsplit(host.hypervisor_uri).netloc
+        scenario["hypervisor_state"] = str(Path(settings.HYPERVISOR_SIM_DIR) / f"{name}.json")
+    return scenario
 
 
 def board_limits(model_name: str) -> dict:

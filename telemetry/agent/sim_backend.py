@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import datetime as dt
 import hashlib
+import json
 import math
 import re
 import time
@@ -201,6 +202,54 @@ def _resolve_timezone(name: str | None) -> dt.tzinfo | None:
         raise ScenarioError(f"unknown timezone {name!r}: {exc}") from None
 
 
+_PROFILE_GB = re.compile(r"-(\d+)[A-Z]$")
+
+
+def _runs(record: dict[str, Any], wall: float) -> bool:
+    """Whether a simulated domain runs at `wall`: a guest asked to power off is off once its
+    `shutdown_at` has passed (the file keeps that time rather than being rewritten then)."""
+    due = record.get("shutdown_at")
+    return record.get("state") == "running" and (due is None or due > wall)
+
+
+def following_hypervisor(gpus: list[dict[str, Any]], state_path: str) -> list[dict[str, Any]]:
+    """The scenario's GPUs with the vGPUs the simulated hypervisor holds now: each running domain's
+    devices on the GPU with that PCI address, typed as the hypervisor types them, and the VM's
+    workload as the scenario describes it (a VM the scenario does not know works as "other").
+
+    The demo links each host to a simulated hypervisor (`hypervisors/backends/sim.py`, one JSON
+    file per host); reading that file here makes the agent report what the hypervisor runs, as a
+    real agent reports what the driver sees, so a change carried out on the hypervisor shows in
+    telemetry. An unreadable file leaves the scenario as it is."""
+    try:
+        with open(state_path, encoding="utf-8") as handle:
+            state = json.load(handle)
+        type_names = {t["type_id"]: t["name"] for gpu in state["gpus"] for t in gpu["types"]}
+        devices = {d["id"]: d for d in state["devices"]}
+        wall = time.time()
+        running = [(uuid, record) for uuid, record in state["domains"].items() if _runs(record, wall)]
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return gpus
+    known = {v["vm_uuid"]: v for gpu in gpus for v in gpu.get("vgpus", ())}
+    placed: dict[str, list[dict[str, Any]]] = {}
+    for vm_uuid, record in running:
+        for position, device_id in enumerate((record.get("live") or record.get("inactive") or {}).get("vgpus", [])):
+            device = devices.get(device_id)
+            if device is None:
+                continue
+            type_name = type_names.get(device["type_id"], "")
+            match = _PROFILE_GB.search(type_name)
+            base = known.get(vm_uuid, {})
+            placed.setdefault(device["gpu_bus_id"].upper(), []).append({
+                "vgpu_uuid": device_id if position == 0 else f"{device_id}-{position}",
+                "vm_uuid": vm_uuid, "vm_name": record.get("name") or base.get("vm_name", vm_uuid),
+                "type_name": type_name.split(" ", 1)[-1] if type_name.startswith(("NVIDIA ", "GRID ")) else type_name,
+                "fb_mib": int(match.group(1)) * 1024 if match else base.get("fb_mib", 1024),
+                "workflow": base.get("workflow", "other"), "user_type": base.get("user_type", "medium"),
+            })
+    return [{**gpu, "vgpus": placed.get(gpu["pci_bus_id"].upper(), [])} for gpu in gpus]
+
+
 class SimBackend:
     """Serves a scenario (see `scenario.py`) with deterministic, workflow-shaped figures."""
 
@@ -215,7 +264,10 @@ class SimBackend:
         """GPU dicts of protocol v1 at instant `now` (Unix seconds); the same instant gives the same dicts."""
         t = time.time() if now is None else now
         clock = _Clock(t, self._tz)
-        return [self._gpu(index, gpu, t, clock) for index, gpu in enumerate(self.scenario["gpus"])]
+        gpus = self.scenario["gpus"]
+        if self.scenario.get("hypervisor_state"):
+            gpus = following_hypervisor(gpus, self.scenario["hypervisor_state"])
+        return [self._gpu(index, gpu, t, clock) for index, gpu in enumerate(gpus)]
 
     def _gpu(self, index: int, gpu: dict[str, Any], t: float, clock: _Clock) -> dict[str, Any]:
         mode = gpu.get("virtualization_mode", "vgpu_host")
