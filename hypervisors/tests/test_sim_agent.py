@@ -7,25 +7,19 @@ from __future__ import annotations
 import pytest
 
 from hypervisors.backends import sim
+from hypervisors.tests.fixtures import BUS_A, BUS_B
 from telemetry.agent.scenario import build_scenario
 from telemetry.agent.sim_backend import SimBackend
 
-BUS_A, BUS_B = "00000000:3B:00.0", "00000000:5E:00.0"
-TYPES = [("NVIDIA L40S-24Q", 2), ("NVIDIA L40S-12Q", 4)]
 VM = "3f1c6a2e-5b7d-4c9a-8e1f-2a3b4c5d6e7f"
 
 
 @pytest.fixture
-def hypervisor(sim_dir):
-    state = sim.empty_state("node-01")
-    state["shutdown_s"] = 0
-    sim.add_gpu(state, BUS_A, "NVIDIA L40S", TYPES)
-    sim.add_gpu(state, BUS_B, "NVIDIA L40S", TYPES)
-    device = sim.add_device(state, BUS_A, "NVIDIA L40S-24Q")
-    sim.add_domain(state, VM, "ws-ana", 8, 32768, [device], running=True)
-    backend = sim.SimBackend.open("sim://node-01")
-    backend.seed(state)
-    return backend
+def hypervisor(node):
+    """sim://node-01 (two L40S, `node`), with ws-ana running on an L40S-24Q of GPU A."""
+    device = node.create_vgpu(BUS_A, "NVIDIA L40S-24Q")
+    node.define_domain("ws-ana", vcpus=8, ram_mib=32768, vgpus=(device,), uuid=VM, running=True)
+    return node
 
 
 def agent(sim_dir) -> SimBackend:
