@@ -11,7 +11,7 @@ from hypervisors.models import Operation
 class OperationFilterSet(django_filters.FilterSet):
     """Operations by status, kind, VM, host (where it started or ends) and resize request."""
 
-    status = django_filters.MultipleChoiceFilter(choices=OperationStatus.choices)
+    status = django_filters.ChoiceFilter(choices=OperationStatus.choices)
     kind = django_filters.ChoiceFilter(choices=OperationKind.choices)
     vm = IdOrNameFilter(label="VM", queryset=visible_to_requester(fleet_queries.visible_vms))
     host = IdOrNameFilter(label="Host", queryset=visible_to_requester(fleet_queries.visible_hosts),

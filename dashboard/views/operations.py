@@ -56,6 +56,11 @@ class OperationListView(TableListView):
         for row in rows:
             row.progress = _progress(row)
 
+    def get_extra_context(self) -> dict:
+        return {"title": "Operations", "empty_title": "No operations yet",
+                "empty_message": "An operation is created when an admin approves a resize request for a VM on a host "
+                                 "linked to its hypervisor (a host's hypervisor URI)."}
+
 
 @login_required
 def operation_detail(request, pk: int):
