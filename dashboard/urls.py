@@ -72,6 +72,7 @@ sizing_patterns = [
     path("optimizer/", optimizer.optimizer, name="optimizer"),
     path("optimizer/<int:pk>/", optimizer.optimizer_run, name="optimizer-run"),
     path("optimizer/<int:pk>/apply/", optimizer.apply_plan, name="optimizer-apply"),
+    path("optimizer/<int:pk>/run-operations/", optimizer.run_operations, name="optimizer-run-operations"),
 ]
 
 hypervisors_patterns = [

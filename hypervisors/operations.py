@@ -4,8 +4,9 @@ Approving a resize request for a VM on a linked host (`Host.hypervisor_uri`) res
 in the inventory, as any approval does, and creates an Operation here (`on_change_approved`,
 a receiver of `fleet.signals.change_approved`, in the approval's own transaction). The operation
 then makes the hypervisor match: notify the artist, shut the VM down, remove its old vGPU
-devices, create the new ones on the GPUs placement chose, redefine the VM, move it when its
-new GPUs are on another host, start it, verify.
+devices, move it when its new GPUs are on another host, create the new ones on the GPUs
+placement chose, redefine the VM, start it, verify. An optimizer plan's moves come the same
+way (`create_for_placement`, without a request), one operation per VM.
 
 Safety, in the order it matters:
 - One operation per VM and per GPU at a time: `OperationClaim`'s partial unique constraints
@@ -81,20 +82,11 @@ def on_change_approved(sender, request: ResizeRequest, before: list[dict], place
                        run_now: bool = False, **kwargs) -> str | None:
     """Receiver of `fleet.signals.change_approved`: an Operation for a VM whose host is linked,
     and what the artist is told about it; None (nothing to carry out) when neither host is."""
-    gpus = Gpu.objects.select_related("host").in_bulk([row["gpu_id"] for row in before] +
-                                                      [vgpu.gpu_id for vgpu in placed])
-    vm = VirtualMachine.objects.select_related("host").get(pk=request.vm_id)
-    source = gpus[before[0]["gpu_id"]].host if before else vm.host
-    target = gpus[placed[0].gpu_id].host if placed else vm.host
-    if not linked(source) and not linked(target):
+    operation = create_for_placement(request.vm_id, before, placed, request=request, actor=actor, run_now=run_now,
+                                     not_before=request.wished_from, not_after=request.wished_until)
+    if operation is None:
         return None
-    for host in (source, target):
-        if not linked(host):
-            raise locks.conflict(f"{vm.name} would move between {source.name} and {target.name}, but {host.name} "
-                                 "has no hypervisor link: link it, or approve a change that stays on one host.",
-                                 Rule.VM_HOST)
-    operation = create(vm, source, target, before=before, placed=placed, gpus=gpus, request=request, actor=actor,
-                       not_before=request.wished_from, not_after=request.wished_until, run_now=run_now)
+    vm = operation.vm
     if run_now:
         return f"the change is being applied now (operation #{operation.pk}); {vm.name} is shut down for it."
     if operation.not_before:
@@ -103,11 +95,45 @@ def on_change_approved(sender, request: ResizeRequest, before: list[dict], place
     return f"the change will be applied when an admin runs operation #{operation.pk}."
 
 
+def create_for_placement(vm_id: int, before: list[dict], placed: list[Vgpu], *, request: ResizeRequest | None = None,
+                         actor=None, run_now: bool = False, not_before=None, not_after=None,
+                         kind: str = OperationKind.RESIZE, origin: str = "", batch: str = "",
+                         batch_index: int = 0) -> Operation | None:
+    """The operation that makes the hypervisor follow a change the inventory already shows: the
+    VM's vGPUs were `before` (rows of `fleet.requests.vgpu_rows`) and are now `placed`. None when
+    neither the VM's old host nor its new one is linked (the inventory is all there is).
+
+    Without a request (an optimizer plan's move), a rollback puts the inventory back from
+    `before` itself. `batch` names operations that carry out one plan: they run one at a time in
+    `batch_index` order, share their GPUs' claims until the last of them ends, and when one
+    fails, it and the ones after it are rolled back (an earlier one may have made the room a
+    later one needs). FleetConflict when the VM would move between a linked and an unlinked
+    host, or when it or one of the GPUs is in another active operation."""
+    gpus = Gpu.objects.select_related("host").in_bulk([row["gpu_id"] for row in before] +
+                                                      [vgpu.gpu_id for vgpu in placed])
+    vm = VirtualMachine.objects.select_related("host").get(pk=vm_id)
+    target = gpus[placed[0].gpu_id].host if placed else vm.host
+    source = gpus[before[0]["gpu_id"]].host if before else (vm.host or target)
+    target = target or source
+    if not linked(source) and not linked(target):
+        return None
+    for host in (source, target):
+        if not linked(host):
+            raise locks.conflict(f"{vm.name} would move between {source.name} and {target.name}, but {host.name} "
+                                 "has no hypervisor link: link it, or approve a change that stays on one host.",
+                                 Rule.VM_HOST)
+    return create(vm, source, target, before=before, placed=placed, gpus=gpus, request=request, actor=actor,
+                  not_before=not_before, not_after=not_after, run_now=run_now, kind=kind, origin=origin,
+                  batch=batch, batch_index=batch_index)
+
+
 def create(vm: VirtualMachine, source: Host, target: Host, *, before: list[dict], placed: list[Vgpu], gpus: dict,
            request: ResizeRequest | None = None, actor=None, not_before=None, not_after=None,
-           run_now: bool = False, kind: str = OperationKind.RESIZE, origin: str = "") -> Operation:
+           run_now: bool = False, kind: str = OperationKind.RESIZE, origin: str = "", batch: str = "",
+           batch_index: int = 0) -> Operation:
     """An operation with its steps and claims, inside the caller's transaction; FleetConflict
-    when the VM or one of the GPUs is in another active operation."""
+    when the VM or one of the GPUs is in another active operation (see `create_for_placement`
+    for `batch`)."""
     vgpus_before = [{**row, "gpu_bus_id": gpus[row["gpu_id"]].pci_bus_id} for row in before]
     vgpus_after = [{"vgpu_id": vgpu.pk, "gpu_id": vgpu.gpu_id, "gpu_bus_id": vgpu.gpu.pci_bus_id,
                     "profile": vgpu.profile.name} for vgpu in placed]
@@ -115,7 +141,8 @@ def create(vm: VirtualMachine, source: Host, target: Host, *, before: list[dict]
         kind=kind, vm=vm, host=source, target_host=target, request=request,
         origin=origin or (f"resize request #{request.pk}" if request else ""),
         before={"vcpus": vm.vcpus, "ram_mib": vm.ram_gib * 1024, "vgpus": vgpus_before},
-        after={"vcpus": vm.vcpus, "ram_mib": vm.ram_gib * 1024, "vgpus": vgpus_after},
+        after={"vcpus": vm.vcpus, "ram_mib": vm.ram_gib * 1024, "vgpus": vgpus_after,
+               **({"batch": batch, "batch_index": batch_index} if batch else {})},
         not_before=not_before, not_after=not_after, run_now=run_now, created_by=actor,
     )
     # A move goes cold and before the new vGPUs: they are made on the target host, and the
@@ -133,9 +160,14 @@ def create(vm: VirtualMachine, source: Host, target: Host, *, before: list[dict]
             args = {**next(created), "device_id": str(uuidlib.uuid4())}
         steps.append(OperationStep(operation=operation, index=index, kind=step_kind, args=args))
     OperationStep.objects.bulk_create(steps)
-    _claim(operation, vm, {row["gpu_id"] for row in vgpus_before} | {row["gpu_id"] for row in vgpus_after}, gpus)
+    gpu_ids = {row["gpu_id"] for row in vgpus_before} | {row["gpu_id"] for row in vgpus_after}
+    if batch:
+        # The batch holds a GPU once, under the first of its operations that touches it.
+        gpu_ids -= set(OperationClaim.objects.filter(active=True, gpu__isnull=False, operation__after__batch=batch)
+                       .values_list("gpu_id", flat=True))
+    _claim(operation, vm, gpu_ids, gpus)
     audit.record("operation.create", operation, after=_summary(operation))
-    if run_now or _due(operation, timezone.now()):
+    if (run_now or _due(operation, timezone.now())) and not _waiting(operation):
         transaction.on_commit(lambda: enqueue(operation.pk))
     return operation
 
@@ -187,6 +219,23 @@ def _runnable(now) -> Q:
             | Q(status=OperationStatus.RUNNING) & lost)
 
 
+def _waiting(operation: Operation) -> bool:
+    """Whether an earlier operation of its batch is still pending or running (it runs after)."""
+    batch = operation.after.get("batch")
+    return bool(batch) and Operation.objects.filter(
+        after__batch=batch, after__batch_index__lt=operation.after.get("batch_index", 0), status__in=ACTIVE,
+    ).exclude(pk=operation.pk).exists()
+
+
+def batch_of(operation: Operation) -> list[Operation]:
+    """The operations carrying out one plan with `operation`, in the order they run (itself alone
+    outside a batch)."""
+    batch = operation.after.get("batch")
+    if not batch:
+        return [operation]
+    return sorted(Operation.objects.filter(after__batch=batch), key=lambda op: op.after.get("batch_index", 0))
+
+
 def stale_before(now):
     """A running operation whose heartbeat is older than this has lost its worker."""
     return now - timedelta(seconds=settings.HYPERVISOR_HEARTBEAT_STALE_S)
@@ -206,21 +255,27 @@ def run_now(operation: Operation, actor) -> Operation:
 
 def cancel(operation: Operation, actor, reason: str = "") -> Operation:
     """An admin withdraws a pending operation before it touched the hypervisor: the inventory is
-    put back as it was, the request marked failed with who cancelled it and why. FleetConflict
-    once a worker has taken it (it then ends, or rolls back, on its own)."""
+    put back as it was, the request marked failed with who cancelled it and why; in a plan's
+    batch, the operations after it (which may need the room it was to make) are withdrawn too.
+    FleetConflict once a worker has taken it (it then ends, or rolls back, on its own)."""
     why = f"Cancelled by {getattr(actor, 'username', None) or 'an admin'} before it started"
     why += f": {reason.strip()}" if reason.strip() else "."
     with transaction.atomic():
+        # Taken from the workers first (a conditional update), so none starts it meanwhile.
         if not Operation.objects.filter(pk=operation.pk, status=OperationStatus.PENDING).update(
                 status=OperationStatus.ROLLED_BACK, finished_at=timezone.now(), error=why):
             operation.refresh_from_db(fields=["status"])
             raise locks.conflict(f"Operation #{operation.pk} is {operation.get_status_display().lower()}: only a "
                                  "pending operation can be cancelled.")
         operation.refresh_from_db()
+        later = [other for other in batch_of(operation) if other.after.get("batch_index", 0) >
+                 operation.after.get("batch_index", 0) and other.status == OperationStatus.PENDING]
+        for other in reversed(later):
+            other.steps.update(status=StepStatus.SKIPPED)
+            _end_rolled_back(other, f"Not run: operation #{operation.pk} of the same plan was cancelled.", [],
+                             undone="")
         operation.steps.update(status=StepStatus.SKIPPED)
-        _release(operation)
-        if operation.request_id:
-            fleet_requests.revert_approval(operation.request, operation.before.get("vgpus", []), why)
+        _end_rolled_back(operation, why, [], undone="")
         audit.record("operation.cancel", operation, after=_summary(operation), comment=why)
     return operation
 
@@ -229,7 +284,8 @@ def resume_due(now=None) -> list[int]:
     """Operations a worker should run now: pending ones whose time came, running ones whose
     worker went silent (killed, or stopped on an unreachable hypervisor). Enqueues them."""
     now = now or timezone.now()
-    ids = list(Operation.objects.filter(_runnable(now)).values_list("pk", flat=True))
+    due = Operation.objects.filter(_runnable(now))
+    ids = [operation.pk for operation in due.only("pk", "after") if not _waiting(operation)]
     for pk in ids:
         enqueue(pk)
     return ids
@@ -237,7 +293,10 @@ def resume_due(now=None) -> list[int]:
 
 def _take(operation_id: int, now) -> Operation | None:
     """Claim the run by a conditional update: None when another worker runs it (a fresh
-    heartbeat), it ended, or its time has not come."""
+    heartbeat), it ended, its time has not come, or an earlier operation of its batch is under way."""
+    waiting = Operation.objects.filter(pk=operation_id).only("pk", "after").first()
+    if waiting is None or _waiting(waiting):
+        return None
     taken = Operation.objects.filter(pk=operation_id).filter(_runnable(now)).update(
         status=OperationStatus.RUNNING, heartbeat_at=now)
     if not taken:
@@ -527,7 +586,23 @@ def _find(backend: Backend, device_id: str) -> VgpuDevice | None:
 
 
 def _release(operation: Operation) -> None:
-    OperationClaim.objects.filter(operation=operation).update(active=False)
+    """Let go of the operation's claims; in a batch, of its VM only until the batch's last
+    operation ends (the GPUs stay held for the ones still to run)."""
+    batch = operation.after.get("batch")
+    if not batch:
+        OperationClaim.objects.filter(operation=operation).update(active=False)
+        return
+    OperationClaim.objects.filter(operation=operation, vm__isnull=False).update(active=False)
+    if not Operation.objects.filter(after__batch=batch, status__in=ACTIVE).exclude(pk=operation.pk).exists():
+        OperationClaim.objects.filter(operation__after__batch=batch, active=True).update(active=False)
+
+
+def _next_in_batch(operation: Operation) -> None:
+    """Once an operation of a batch succeeded, the next one runs if an admin asked to run it now."""
+    following = [op for op in batch_of(operation) if op.after.get("batch_index", 0) >
+                 operation.after.get("batch_index", 0) and op.status == OperationStatus.PENDING]
+    if following and _due(following[0], timezone.now()):
+        transaction.on_commit(lambda: enqueue(following[0].pk))
 
 
 def _succeed(current: Run) -> None:
@@ -545,6 +620,7 @@ def _succeed(current: Run) -> None:
         audit.record("operation.succeeded", op, after=_summary(op), comment=verify.get("agent", ""))
         if op.request_id:
             fleet_requests.mark_applied(op.request, verify.get("agent", ""))
+        _next_in_batch(op)
 
 
 def _roll_back(current: Run, reason: str) -> None:
@@ -558,18 +634,34 @@ def _roll_back(current: Run, reason: str) -> None:
     except HypervisorError as exc:
         left.append(f"the hypervisor could not be put back ({exc}): check {op.vm.name} by hand")
     with transaction.atomic():
+        # The batch's later operations have not run: they may need room this one was to make, so
+        # their inventory is put back first (last first), then this one's.
+        later = [other for other in batch_of(op) if other.after.get("batch_index", 0) >
+                 op.after.get("batch_index", 0) and other.status == OperationStatus.PENDING]
+        for other in reversed(later):
+            _end_rolled_back(other, f"Not run: operation #{op.pk} of the same plan failed before it ({reason})", [])
         op.steps.filter(status__in=(StepStatus.DONE, StepStatus.RUNNING)).update(status=StepStatus.UNDONE)
+        _end_rolled_back(op, reason, left)
+
+
+def _end_rolled_back(op: Operation, reason: str, left: list[str], undone: str = " Rolled back.") -> None:
+    """Put the inventory back as `op.before` lists it (through the request, when there is one),
+    release the claims and mark the operation ROLLED_BACK, or FAILED naming what is left."""
+    before = op.before.get("vgpus", [])
+    try:
         if op.request_id:
-            try:
-                fleet_requests.revert_approval(op.request, op.before.get("vgpus", []), reason)
-            except FleetConflict as exc:
-                left.append(f"the inventory could not be put back ({exc})")
-        _release(op)
-        status = OperationStatus.FAILED if left else OperationStatus.ROLLED_BACK
-        error = reason + (" Rolled back." if not left else " Not all was undone: " + "; ".join(left) + ".")
-        Operation.objects.filter(pk=op.pk).update(status=status, finished_at=timezone.now(), error=error[:4000])
-        op.refresh_from_db()
-        audit.record(f"operation.{'rolled_back' if not left else 'failed'}", op, after=_summary(op), comment=error)
+            fleet_requests.revert_approval(op.request, before, reason)
+        else:
+            with transaction.atomic(), audit.because(f"{op} failed to apply"):
+                fleet_requests.restore_vgpus(op.vm, before)
+    except FleetConflict as exc:
+        left.append(f"the inventory could not be put back ({exc})")
+    _release(op)
+    status = OperationStatus.FAILED if left else OperationStatus.ROLLED_BACK
+    error = reason + (undone if not left else " Not all was undone: " + "; ".join(left) + ".")
+    Operation.objects.filter(pk=op.pk).update(status=status, finished_at=timezone.now(), error=error[:4000])
+    op.refresh_from_db()
+    audit.record(f"operation.{'rolled_back' if not left else 'failed'}", op, after=_summary(op), comment=error)
 
 
 #: Steps that change the hypervisor beyond the VM's power state.

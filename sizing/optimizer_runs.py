@@ -15,7 +15,12 @@ The optimizer itself is pure (`sizing.optimizer`); this module is its Django sid
 - `apply_run` is the only way a plan reaches the fleet, and only at an admin's request: it
   refuses a plan whose fleet has changed since, then replays the plan's moves through
   `fleet.services` (which re-checks every rule under row locks) in one transaction, so a
-  refusal leaves the fleet exactly as it was.
+  refusal leaves the fleet exactly as it was. A move on hosts linked to their hypervisor
+  becomes an operation (`hypervisors.operations`) in that same transaction, so the host
+  follows the plan: one per VM, run one after another in an order where a VM arrives on a GPU
+  only after the VMs leaving it have left. Moves between unlinked hosts change the inventory
+  only, as before (the admin carries them out); a move between a linked and an unlinked host
+  refuses the whole plan, naming the host, as an approval would.
 """
 
 from __future__ import annotations
@@ -35,11 +40,15 @@ from django.utils import timezone
 
 from config.celery import QueueUnavailable, send_from_request
 from fleet import audit, locks, services
+from fleet import requests as fleet_requests
 from fleet.choices import ResizeStatus
 from fleet.models import Gpu, ResizeRequest, Vgpu, VgpuProfile, VirtualMachine
 from fleet.placement import PlacementError, Violation
 from fleet.queries import fleet_snapshot
 from fleet.snapshot import FleetSnapshot
+from hypervisors import operations
+from hypervisors.choices import OperationKind, OperationStatus
+from hypervisors.models import Operation
 from sizing import optimizer
 from sizing.models import OptimizerRun, OptimizerStatus, Suggestion, SuggestionAction
 
@@ -449,6 +458,41 @@ class ApplyOutcome:
     vms_moved: int = 0
     vgpus_placed: int = 0
     approved_request_ids: list[int] = field(default_factory=list)
+    #: The operations that make linked hosts' hypervisors follow the plan, in the order they run.
+    operation_ids: list[int] = field(default_factory=list)
+    #: Requests being applied by those operations (APPLYING; approved once theirs succeeds).
+    applying_request_ids: list[int] = field(default_factory=list)
+
+
+def operation_order(moves: dict[int, tuple[set[int], set[int]]]) -> list[int]:
+    """The VMs of `moves` ({vm id: (GPU ids it leaves, GPU ids it arrives on)}, in the plan's
+    order) in the order their operations run: a VM arrives on a GPU only after every VM that
+    leaves that GPU has left (the room it needs may be theirs, and an equal-size GPU changes
+    its vGPU size only once empty). PlanConflict for VMs that exchange GPUs: one VM at a time,
+    neither could go first."""
+    leaving: dict[int, set[int]] = {}
+    for vm_id, (sources, _) in moves.items():
+        for gpu_id in sources:
+            leaving.setdefault(gpu_id, set()).add(vm_id)
+    after = {vm_id: {other for gpu_id in targets for other in leaving.get(gpu_id, ()) if other != vm_id}
+             for vm_id, (_, targets) in moves.items()}
+    ordered: list[int] = []
+    done: set[int] = set()
+    while len(ordered) < len(moves):
+        ready = [vm_id for vm_id in moves if vm_id not in done and after[vm_id] <= done]
+        if not ready:
+            stuck = sorted(vm_id for vm_id in moves if vm_id not in done)
+            raise PlanConflict(stuck_message(stuck))
+        ordered.append(ready[0])
+        done.add(ready[0])
+    return ordered
+
+
+def stuck_message(vm_ids: list[int]) -> str:
+    names = dict(VirtualMachine.objects.filter(pk__in=vm_ids).values_list("pk", "name"))
+    return (f"The plan exchanges GPUs between {', '.join(names.get(i, f'VM {i}') for i in vm_ids)} on hosts linked "
+            "to their hypervisor: each must leave its GPU before another arrives, so none can go first. Nothing was "
+            "changed; move one of them by hand (or with a resize request), then run the optimizer again.")
 
 
 def _planned_vgpus(run: OptimizerRun) -> list[PlannedVgpu]:
@@ -540,14 +584,17 @@ def apply_run(run: OptimizerRun, user) -> ApplyOutcome:
         if fleet_changed_since(run):
             raise PlanConflict(FLEET_CHANGED)
 
+        held = {vm_id: fleet_requests.vgpu_rows(vm_id) for vm_id in sorted(replaced)}
         services.remove_vgpus(Vgpu.objects.filter(vm_id__in=replaced).order_by("vm_id", "pk"))
         todo = [item for item in planned if item.vm_id in replaced]
+        placed: dict[int, list[Vgpu]] = {vm_id: [] for vm_id in sorted(replaced)}
         vms = VirtualMachine.objects.in_bulk({item.vm_id for item in todo})
         gpus = Gpu.objects.select_related("host", "gpu_model").in_bulk({item.gpu_id for item in todo})
         profiles = VgpuProfile.objects.select_related("gpu_model").in_bulk({item.profile_id for item in todo})
         try:
             for item in todo:
-                services.place_vgpu(vms[item.vm_id], gpus[item.gpu_id], profiles[item.profile_id])
+                placed[item.vm_id].append(
+                    services.place_vgpu(vms[item.vm_id], gpus[item.gpu_id], profiles[item.profile_id]))
         except PlacementError as exc:
             raise PlanConflict(
                 f"The fleet refused the plan ({exc}); nothing was changed. Run the optimizer again.", exc.violations,
@@ -557,14 +604,17 @@ def apply_run(run: OptimizerRun, user) -> ApplyOutcome:
 
         now = timezone.now()
         comment = f"Applied by optimizer run #{run.pk}"
-        ResizeRequest.objects.filter(pk__in=request_ids).update(
-            status=ResizeStatus.APPROVED, decided_by=user, decided_at=now, decision_comment=comment,
-        )
+        by_vm = {request.vm_id: request for request in requests}
+        created = _create_operations(run, user, run.result["plan"]["moves"], held, placed, by_vm)
+        applying = {op.request_id for op in created if op.request_id}
         events = []
         for request in requests:
             before = audit.snapshot(request)
-            request.status, request.decided_by, request.decided_at = ResizeStatus.APPROVED, user, now
-            request.decision_comment = comment
+            request.status = ResizeStatus.APPLYING if request.pk in applying else ResizeStatus.APPROVED
+            request.decided_by, request.decided_at = user, now
+            request.decision_comment, request.last_error = comment, ""
+            request.save(update_fields=["status", "decided_by", "decided_at", "decision_comment", "last_error",
+                                        "updated_at"])
             events.append(audit.event("resize_request.approve", request, before=before,
                                       after=audit.snapshot(request), comment=comment))
         audit.record_many(events)
@@ -576,5 +626,70 @@ def apply_run(run: OptimizerRun, user) -> ApplyOutcome:
         run.save(update_fields=["status", "applied_by", "applied_at", "stage"])
         audit.record("optimizer_run.apply", run, before=before, after=audit.snapshot(run, AUDITED_FIELDS),
                      comment=f"{len(replaced)} VM(s) moved, {len(todo)} vGPU(s) placed, "
-                             f"{len(request_ids)} resize request(s) approved")
-    return ApplyOutcome(run=run, vms_moved=len(replaced), vgpus_placed=len(todo), approved_request_ids=request_ids)
+                             f"{len(request_ids) - len(applying)} resize request(s) approved, "
+                             f"{len(created)} operation(s) created on the hypervisors")
+    return ApplyOutcome(run=run, vms_moved=len(replaced), vgpus_placed=len(todo),
+                        approved_request_ids=[pk for pk in request_ids if pk not in applying],
+                        operation_ids=[op.pk for op in created], applying_request_ids=sorted(applying))
+
+
+def _create_operations(run: OptimizerRun, user, moves: list[dict], held: dict[int, list[dict]],
+                       placed: dict[int, list[Vgpu]], requests: dict[int, ResizeRequest]) -> list[Operation]:
+    """One operation per VM the plan moves on linked hosts, in `operation_order`, as one batch;
+    PlanConflict (the caller's transaction then undoes the whole plan) when a VM would move
+    between a linked and an unlinked host, or when it or a GPU is under another operation."""
+    plan_order = [m["vm_id"] for m in moves if m["vm_id"] in placed]
+    plan_order += [vm_id for vm_id in placed if vm_id not in plan_order]
+    gpu_ids = {row["gpu_id"] for rows in held.values() for row in rows} | {
+        vgpu.gpu_id for vgpus in placed.values() for vgpu in vgpus}
+    linked_gpus = set(Gpu.objects.filter(pk__in=gpu_ids).exclude(host__hypervisor_uri="").values_list("pk", flat=True))
+    linked_moves = {vm_id: ({row["gpu_id"] for row in held[vm_id]}, {vgpu.gpu_id for vgpu in placed[vm_id]})
+                    for vm_id in plan_order}
+    linked_moves = {vm_id: gpus for vm_id, gpus in linked_moves.items() if (gpus[0] | gpus[1]) & linked_gpus}
+    # Moves between unlinked hosts come last: they create nothing, unless one crosses to a linked host.
+    order = operation_order(linked_moves) + [vm_id for vm_id in plan_order if vm_id not in linked_moves]
+    created = []
+    try:
+        for index, vm_id in enumerate(order):
+            request = requests.get(vm_id)
+            resized = sorted(row["profile_id"] for row in held[vm_id]) != sorted(v.profile_id for v in placed[vm_id])
+            operation = operations.create_for_placement(
+                vm_id, held[vm_id], placed[vm_id], request=request, actor=user,
+                kind=OperationKind.RESIZE if request or resized else OperationKind.MOVE,
+                origin=f"optimizer run #{run.pk}" + (f" (resize request #{request.pk})" if request else ""),
+                batch=batch_key(run), batch_index=index)
+            if operation is not None:
+                created.append(operation)
+    except services.FleetConflict as exc:
+        raise PlanConflict(f"{exc} Nothing was changed.", exc.violations) from exc
+    return created
+
+
+# The operations a plan created ---------------------------------------------------------------
+
+
+def batch_key(run: OptimizerRun) -> str:
+    """What the operations applying `run` carry as their batch (`hypervisors.operations`)."""
+    return f"optimizer-run:{run.pk}"
+
+
+def operations_of(run: OptimizerRun) -> list[Operation]:
+    """The operations applying `run` created, in the order they run, with what the page shows."""
+    found = (Operation.objects.filter(after__batch=batch_key(run))
+             .select_related("vm", "host", "target_host").prefetch_related("steps"))
+    return sorted(found, key=lambda op: op.after.get("batch_index", 0))
+
+
+def run_operations_now(run: OptimizerRun, user) -> list[int]:
+    """An admin's "run now" for every pending operation of the plan; they still run one at a
+    time, in order. Returns the ids asked to run (those that ended or started meanwhile are left)."""
+    started = []
+    for operation in operations_of(run):
+        if operation.status != OperationStatus.PENDING:
+            continue
+        try:
+            operations.run_now(operation, user)
+        except services.FleetConflict:
+            continue  # it started or ended since the page was read
+        started.append(operation.pk)
+    return started

@@ -9,10 +9,12 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 
-from dashboard.tests.test_views_overview import attr, figure, find, one, text
+from dashboard.tests.test_views_overview import attr, figure, find, one, rows, text
 from fleet import services
 from fleet.choices import ResizeStatus
 from fleet.tests.factories import GpuFactory, VirtualMachineFactory, profile
+from hypervisors import operations, sim_seed
+from hypervisors.backends import sim
 from sizing import optimizer_runs, tasks
 from sizing.models import OptimizerRun, OptimizerStatus
 from sizing.tests.optimizer_world import (
@@ -299,3 +301,40 @@ def test_apply_refused_by_a_changed_fleet_says_why(staff, admin_user, queued):
     assert flash(response) == [f"Not applied: {optimizer_runs.FLEET_CHANGED}"]
     assert placements() == before
     assert staff.get(apply_url(run)).status_code == 405
+
+
+# On hosts linked to their hypervisor ----------------------------------------------------------
+
+
+def test_a_plan_on_a_linked_host_lists_its_operations_with_run_now_for_all(staff, admin_user, queued, sim_dir,
+                                                                          settings, django_capture_on_commit_callbacks):
+    settings.HYPERVISOR_VERIFY_WAIT_S = 0
+    world = fragmented_fleet()
+    world.host.hypervisor_uri = "sim://studio-01"
+    world.host.save()
+    sim_seed.seed_host(world.host).set_shutdown_s(0)
+    run = finished(admin_user)
+    page = staff.get(run_url(run)).content.decode()
+    assert attr(one(page, data_carried=True), "data-carried") == "operation"
+    assert not find(page, data_shutdowns=True), "nothing to shut down by hand"
+
+    response = staff.post(apply_url(run), confirmed(run))
+
+    (operation,) = optimizer_runs.operations_of(run)
+    assert flash(response) == ["Plan applied: 1 VM re-placed; 1 operation created on the hypervisors: run them below."]
+    page = staff.get(run_url(run)).content.decode()
+    (row,) = rows(page, "operations")
+    assert f'href="/operations/{operation.pk}/"' in str(row)
+    assert attr(row, "data-status") == "pending"
+    assert "hx-trigger" in dict(one(page, id="optimizer-run").attributes), "it polls while the operation waits"
+
+    with django_capture_on_commit_callbacks(execute=False):
+        response = staff.post(reverse("sizing:optimizer-run-operations", args=[run.pk]))
+    assert flash(response)[-1] == f"Running 1 operation now, one after another: #{operation.pk}."
+    assert operations.run(operation.pk).status == "succeeded"
+    page = staff.get(run_url(run)).content.decode()
+    assert attr(rows(page, "operations")[0], "data-status") == "succeeded"
+    assert not find(page, data_run_operations=True)
+    assert "hx-trigger" not in dict(one(page, id="optimizer-run").attributes), "polling stops once it ended"
+    domain = sim.SimBackend.open("sim://studio-01").domain(str(operation.vm.uuid))
+    assert domain.state == "running"

@@ -7,6 +7,9 @@ itself every second through htmx (the progress bar); once done, the same body, n
 the polling trigger, shows the plan as a diff against the fleet and the Apply button, which
 is disabled (with the reason) when the fleet changed since the plan was computed.
 Applying is a POST to `/sizing/optimizer/<id>/apply/` and needs an explicit confirmation.
+Moves on hosts linked to their hypervisor become operations; the applied run lists them (each
+linking to `/operations/<id>/`), keeps polling while they are under way, and offers "Run them
+all now" (a POST to `/sizing/optimizer/<id>/run-operations/`).
 """
 
 from __future__ import annotations
@@ -20,6 +23,9 @@ from django_htmx.http import HttpResponseClientRefresh
 
 from config.roles import is_fleet_admin
 from dashboard.access import staff_required
+from fleet.models import Host
+from hypervisors.choices import OperationStatus
+from hypervisors.models import ACTIVE as ACTIVE_OPERATIONS
 from sizing import optimizer_runs
 from sizing.models import OptimizerRun, OptimizerStatus
 
@@ -116,12 +122,30 @@ def apply_plan(request, pk: int):
         detail = "".join(f" {v.message}." for v in exc.violations[:5])
         messages.error(request, f"Not applied: {exc.message}{detail}")
         return redirect("sizing:optimizer-run", pk=run.pk)
-    approved = len(outcome.approved_request_ids)
+    approved, applying = len(outcome.approved_request_ids), len(outcome.applying_request_ids)
+    created = len(outcome.operation_ids)
     messages.success(
         request,
         f"Plan applied: {outcome.vms_moved} VM{'s' if outcome.vms_moved != 1 else ''} re-placed"
-        + (f", {approved} resize request{'s' if approved != 1 else ''} approved" if approved else "") + ".",
+        + (f", {approved} resize request{'s' if approved != 1 else ''} approved" if approved else "")
+        + (f", {applying} resize request{'s' if applying != 1 else ''} being applied" if applying else "")
+        + (f"; {created} operation{'s' if created != 1 else ''} created on the hypervisors: run them below"
+           if created else "") + ".",
     )
+    return redirect("sizing:optimizer-run", pk=run.pk)
+
+
+@require_POST
+@staff_required
+def run_operations(request, pk: int):
+    """Run now every pending operation that applying the plan created (one after another)."""
+    run = get_object_or_404(OptimizerRun, pk=pk)
+    started = optimizer_runs.run_operations_now(run, request.user)
+    if started:
+        messages.success(request, f"Running {len(started)} operation{'s' if len(started) != 1 else ''} now, one after "
+                                  "another: " + ", ".join(f"#{pk}" for pk in started) + ".")
+    else:
+        messages.info(request, "No operation of this plan was waiting to run.")
     return redirect("sizing:optimizer-run", pk=run.pk)
 
 
@@ -211,11 +235,29 @@ def describe_plan(run: OptimizerRun) -> dict | None:
     }
 
 
+def _mark_operations(plan: dict) -> None:
+    """Flag the moves that touch a host linked to its hypervisor: applying makes operations of
+    them, so the admin does not shut those VMs down by hand."""
+    host_ids = {gpu.get("host_id") for move in plan["moves"] for gpu in move["from"] + move["to"]} - {None}
+    linked = set(Host.objects.filter(pk__in=host_ids).exclude(hypervisor_uri="").values_list("pk", flat=True))
+    for move in plan["moves"]:
+        move["operation"] = any(gpu.get("host_id") in linked for gpu in move["from"] + move["to"])
+    plan["shutdowns"] = [move["vm"] for move in plan["moves"] if not move["operation"]]
+    plan["operations"] = [move["vm"] for move in plan["moves"] if move["operation"]]
+
+
 def run_context(run: OptimizerRun, apply_form: ApplyForm | None = None) -> dict:
     """Everything the run body needs; reads the fleet's fingerprint only for a finished plan
-    (to say whether it can still be applied)."""
-    active = run.status in (OptimizerStatus.PENDING, OptimizerStatus.RUNNING)
+    (to say whether it can still be applied), and the operations of an applied one."""
     plan = describe_plan(run) if run.status in (OptimizerStatus.DONE, OptimizerStatus.APPLIED) else None
+    if plan:
+        _mark_operations(plan)
+    operations = optimizer_runs.operations_of(run) if run.status == OptimizerStatus.APPLIED else []
+    for operation in operations:
+        steps = list(operation.steps.all())
+        operation.progress = f"{sum(1 for s in steps if s.status in ('done', 'skipped'))}/{len(steps)}"
+    operations_active = any(op.status in ACTIVE_OPERATIONS for op in operations)
+    active = run.status in (OptimizerStatus.PENDING, OptimizerStatus.RUNNING) or operations_active
     fleet_changed = run.status == OptimizerStatus.DONE and optimizer_runs.fleet_changed_since(run)
     can_apply = run.status == OptimizerStatus.DONE and not fleet_changed and bool(plan and plan["moves"])
     if run.status != OptimizerStatus.DONE:
@@ -237,4 +279,6 @@ def run_context(run: OptimizerRun, apply_form: ApplyForm | None = None) -> dict:
         "blocked_reason": blocked_reason,
         "apply_form": apply_form,
         "self_url": reverse("sizing:optimizer-run", args=[run.pk]),
+        "operations": operations,
+        "can_run_operations": any(op.status == OperationStatus.PENDING for op in operations),
     }

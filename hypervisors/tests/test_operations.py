@@ -225,7 +225,8 @@ def test_a_cancelled_operation_gives_the_vm_its_vgpu_back_and_tells_the_artist_w
     assert (Vgpu.objects.get(vm=ana_linked.vm).profile.name, the_domain(ana_linked).vgpus[0].id) == (
         "L40S-24Q", OLD_DEVICE)
     failed = ResizeRequest.objects.get(pk=ana_linked.request.pk)
-    assert (failed.status, failed.last_error) == (ResizeStatus.FAILED, operation.error)
+    assert failed.status == ResizeStatus.FAILED
+    assert failed.last_error in operation.error
     assert "the render deadline moved" in Notification.objects.filter(
         user=ana_linked.artist.user).order_by("pk").last().message
     assert not OperationClaim.objects.filter(active=True).exists()

@@ -181,7 +181,9 @@ class OptimizerRunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, view
     @extend_schema(
         summary="Apply a finished plan",
         description="Moves the VMs as the plan says, all or nothing, re-checking every placement rule; marks the "
-                    "resize requests it carries out approved.",
+                    "resize requests it carries out approved. Moves on hosts linked to their hypervisor become "
+                    "operations (/api/v1/operations/, origin \"optimizer run #<id>\"), pending until run; their "
+                    "requests stay applying until the operation ends.",
         request=None,
         responses={200: OptimizerRunDetailSerializer, 404: OpenApiResponse(description="No such run"),
                    409: CONFLICT},
