@@ -111,3 +111,21 @@ def demo_world(tmp_path):
 def rich_demo_world(tmp_path):
     """What `make run` shows: 8 days of history (hour-of-week needs a week), the last day dense."""
     return build_demo_world(tmp_path / "agents", tiers=((8.0, 1800), (1.05, 300)))
+
+
+def request_on_its_host(vm, user, reason: str):
+    """A pending request of `vm` for another profile of its GPU model that fits on its own host
+    now (an approval then stays on that host's hypervisor); None when no profile does."""
+    from fleet import requests as resize_requests
+    from fleet.models import VgpuProfile
+
+    current = vm.vgpus.select_related("profile").first().profile
+    for candidate in VgpuProfile.objects.filter(gpu_model=current.gpu_model).exclude(pk=current.pk).order_by("fb_mib"):
+        try:
+            request = resize_requests.file_request(vm, user, candidate, vm.vgpus.count(), reason)
+        except resize_requests.RequestError:  # e.g. a profile a VM of several vGPUs may not take
+            continue
+        if resize_requests.fits(request).where in ("same_gpu", "other_gpu"):
+            return request
+        request.delete()
+    return None

@@ -19,12 +19,12 @@ from pathlib import Path
 import pytest
 from django.urls import get_resolver, reverse
 
-from e2e.conftest import sign_in
+from e2e.conftest import request_on_its_host, sign_in
 
 pytestmark = pytest.mark.django_db(transaction=True, serialized_rollback=True)
 
 WIDTHS = {375: 812, 1280: 800, 1920: 1080}  # width: height (a phone, a laptop, a desk screen)
-NAMESPACES = ("fleet", "telemetry", "sizing")
+NAMESPACES = ("fleet", "telemetry", "sizing", "hypervisors")
 
 
 @dataclass(frozen=True)
@@ -65,6 +65,13 @@ PAGES = [
     Page("optimizer-run", "sizing:optimizer-run", "admin", "run"),
     Page("requests", "fleet:requests", "admin"),
     Page("request-review", "fleet:request-review", "admin", "request"),
+    # On a host linked to its (simulated) hypervisor: approving creates an operation.
+    Page("request-review-linked", "fleet:request-review", "admin", "request_linked"),
+    Page("host-detail-linked", "fleet:host-detail", "admin", "host_linked"),
+    Page("operations", "hypervisors:operation-list", "admin"),
+    Page("operation-detail", "hypervisors:operation-detail", "admin", "operation"),
+    Page("operation-rolled-back", "hypervisors:operation-detail", "admin", "operation_rolled_back"),
+    Page("operation-pending", "hypervisors:operation-detail", "admin", "operation_pending"),
     Page("audit", "fleet:audit", "admin"),
     Page("notifications", "fleet:notifications", "admin"),
     Page("admin-workstation", "fleet:workstation", "admin"),
@@ -84,6 +91,9 @@ NOT_PAGES = {
     "fleet:request-file": "POST",
     "fleet:scheduler-gpu-apply": "POST",
     "fleet:scheduler-gpu-clear": "POST",
+    "fleet:host-hypervisor-check": "POST",
+    "fleet:host-hypervisor-sync": "POST",
+    "hypervisors:operation-run": "POST",
     "sizing:suggestion-refresh": "POST",
     "sizing:suggestion-accept": "POST",
     "sizing:suggestion-dismiss": "POST",
@@ -182,6 +192,63 @@ def demo_ids(world) -> dict[str, int]:
             "artist": world.artist.pk, "run": run.pk, "request": pending.pk}
 
 
+def operation_ids(world, unlinked_host_id: int) -> dict[str, int]:
+    """The demo's hosts on their simulated hypervisors (seeded as `make run` seeds them), but
+    `unlinked_host_id`, unlinked so the pages of an unlinked host are checked too. On them: an
+    operation carried out (succeeded), one rolled back (a guest that ignores the shutdown), one
+    pending (approved without "run now"), a pending request to review, and a host whose
+    hypervisor has a domain the inventory lacks. The caller points HYPERVISOR_SIM_DIR at a
+    folder of the test's and keeps `operations.enqueue` from a broker."""
+    from django.conf import settings
+    from django.contrib.auth.models import User
+
+    from fleet import requests as resize_requests
+    from fleet import services as fleet_services
+    from fleet.models import Host, VirtualMachine
+    from hypervisors import operations, services, sim_seed
+    from hypervisors.backends.sim import SimBackend
+    from hypervisors.models import Operation, SyncTrigger
+
+    fleet_services.update_host(Host.objects.get(pk=unlinked_host_id), hypervisor_uri="")
+    sim_seed.link_demo_hosts(list(Host.objects.exclude(pk=unlinked_host_id).order_by("name")))
+    admin = User.objects.get(username="admin")
+    vms = VirtualMachine.objects.filter(vgpus__isnull=False, host__hypervisor_uri__startswith="sim://").exclude(
+        artist=world.artist).distinct().order_by("name")
+    requests = []
+    for vm in vms:
+        request = request_on_its_host(vm, vm.artist.user, "lighter scenes this month")
+        if request is not None:
+            requests.append(request)
+        if len(requests) == 3:
+            break
+    assert len(requests) == 3, "too few VMs on linked hosts with room for another profile"
+    done, failed, waiting = requests
+
+    resize_requests.approve(done, admin, "go", run_now=True)
+    succeeded = operations.run(Operation.objects.get(request=done).pk)
+    assert succeeded.status == "succeeded", succeeded.error
+
+    backend = SimBackend.open(failed.vm.host.hypervisor_uri)
+    backend.set_ignore_acpi(str(failed.vm.uuid))
+    resize_requests.approve(failed, admin, "go", run_now=True)
+    timeout_s, settings.HYPERVISOR_SHUTDOWN_TIMEOUT_S = settings.HYPERVISOR_SHUTDOWN_TIMEOUT_S, 0.5
+    rolled_back = operations.run(Operation.objects.get(request=failed).pk)
+    settings.HYPERVISOR_SHUTDOWN_TIMEOUT_S = timeout_s
+    assert rolled_back.status == "rolled_back", rolled_back.status
+
+    resize_requests.approve(waiting, admin, "in the artist's window")
+    pending = Operation.objects.get(request=waiting)
+
+    review = request_on_its_host(done.vm, done.vm.artist.user, "after all, back to more frame buffer")
+    host = done.vm.host
+    SimBackend.open(host.hypervisor_uri).define_domain("ws-lookdev-spare-defined-on-the-host", vcpus=8,
+                                                      ram_mib=32 * 1024)
+    services.check_host(host)
+    services.sync_host(host, user=admin, trigger=SyncTrigger.PAGE)
+    return {"operation": succeeded.pk, "operation_rolled_back": rolled_back.pk, "operation_pending": pending.pk,
+            "request_linked": review.pk, "host_linked": host.pk}
+
+
 def screenshot(page, path: Path) -> None:
     """The whole page where that stays small (under 300 kB), else what the window shows."""
     page.screenshot(path=str(path), full_page=True)
@@ -189,16 +256,21 @@ def screenshot(page, path: Path) -> None:
         page.screenshot(path=str(path))
 
 
-def test_every_page_fits_the_window_at_375_1280_and_1920_px(page, rich_demo_world, tmp_path, monkeypatch):
+def test_every_page_fits_the_window_at_375_1280_and_1920_px(page, rich_demo_world, tmp_path, monkeypatch, settings):
     """Each page, as the role that uses it, at each width: it loads, draws its charts and nothing
     sticks out past the window's right edge. The failures of every page and width are listed
     together, each naming the page, the width and the elements."""
+    from hypervisors import operations
     from sizing import optimizer_runs
 
     out = Path(os.environ.get("SCREENSHOT_DIR") or tmp_path)
     out.mkdir(parents=True, exist_ok=True)
     monkeypatch.setattr(optimizer_runs, "enqueue", lambda run_id: None)  # the run is carried out here
+    monkeypatch.setattr(operations, "enqueue", lambda operation_id: None)  # likewise the operations
+    settings.HYPERVISOR_SIM_DIR = tmp_path / "sim"
+    settings.HYPERVISOR_VERIFY_WAIT_S = 0
     ids = demo_ids(rich_demo_world)
+    ids |= operation_ids(rich_demo_world, unlinked_host_id=ids["host"])
     usernames = {"admin": "admin", "artist": rich_demo_world.artist.user.username}
     failures: list[str] = []
     signed_in = None

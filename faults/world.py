@@ -1,5 +1,6 @@
 """The small studio the fault tests break: two hosts polled by real agents, an admin with an API
-token and an e-mail address, and a pending resize request."""
+token and an e-mail address, and a pending resize request; and a host linked to a simulated
+hypervisor, for the operations that carry an approval out on it."""
 
 from __future__ import annotations
 
@@ -12,9 +13,13 @@ from django.test import Client
 from faults.services import wait_for
 from faults.stack import Stack, Web
 from fleet import requests as resize_requests
+from fleet import services
 from fleet.api_tokens import issue_token
-from fleet.models import Gpu, Host, ResizeRequest
+from fleet.models import Gpu, Host, ResizeRequest, Vgpu, VirtualMachine
+from fleet.tests import factories
 from fleet.tests.factories import UserFactory, profile
+from hypervisors import sim_seed
+from hypervisors.tests.fixtures import BUS_A, BUS_B
 from telemetry.models import GpuSample, VgpuSample
 from telemetry.tests.loopback import inventory_host
 
@@ -80,3 +85,33 @@ def start_collecting(stack: Stack, world: World) -> set[int]:
     gpus = set(Gpu.objects.values_list("pk", flat=True))
     assert wait_for(lambda: set(polls_per_gpu()) == gpus, 60), f"no samples from every GPU\n{stack.outputs()}"
     return gpus
+
+
+@dataclass
+class LinkedWorld:
+    """node-01 linked to the simulated hypervisor sim://node-01, where ws-ana runs with one
+    L40S-24Q; her pending request for an L40S-12Q; an admin with an API token."""
+
+    host: Host
+    vm: VirtualMachine
+    request: ResizeRequest
+    old_device: str
+    admin_token: str
+
+
+def build_linked_world(shutdown_s: float) -> LinkedWorld:
+    """The inventory and its simulated hypervisor in step (`sim_seed.seed_host`), in
+    settings.HYPERVISOR_SIM_DIR; the guest takes `shutdown_s` seconds to power off once asked."""
+    host = factories.HostFactory(name="node-01", hypervisor_uri="sim://node-01")
+    l40s = factories.gpu_model("NVIDIA L40S")
+    gpu = factories.GpuFactory(host=host, gpu_model=l40s, pci_bus_id=BUS_A)
+    factories.GpuFactory(host=host, gpu_model=l40s, pci_bus_id=BUS_B)
+    artist = factories.ArtistFactory(name="Ana", user=UserFactory(username="ana", email="ana@studio.example"))
+    vm = factories.VirtualMachineFactory(name="ws-ana", artist=artist, vcpus=8, ram_gib=32)
+    services.place_vgpu(vm, gpu, profile("L40S-24Q"))
+    sim_seed.seed_host(host).set_shutdown_s(shutdown_s)
+    old_device = Vgpu.objects.get(vm=vm).device_id
+    request = resize_requests.file_request(vm, artist.user, profile("L40S-12Q"), 1, "lighter scenes now")
+    admin = UserFactory(username="it-admin", email="it-admin@studio.example", is_staff=True, is_superuser=True)
+    return LinkedWorld(host=host, vm=vm, request=request, old_device=old_device,
+                       admin_token=issue_token(admin, "fault tests")[1])

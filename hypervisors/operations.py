@@ -67,7 +67,7 @@ log = logging.getLogger(__name__)
 
 #: The Celery task that runs an operation (hypervisors.tasks.run_operation).
 RUN_OPERATION_TASK = "hypervisors.tasks.run_operation"
-#: How long one call to the hypervisor's shutdown waits before the run says it is alive again.
+#: How long one call to the hypervisor's shutdown waits, at most, before the run says it is alive again.
 SHUTDOWN_SLICE_S = 10.0
 
 
@@ -430,6 +430,13 @@ def _notify(current: Run, step: OperationStep):
     return {}, False
 
 
+def shutdown_slice_s() -> float:
+    """How long one call to the hypervisor's shutdown may wait before the run beats again: well
+    within HYPERVISOR_HEARTBEAT_STALE_S, or `resume_due` would take the running operation for a
+    lost one and hand it to a second worker while the first still waits for the guest."""
+    return max(0.5, min(SHUTDOWN_SLICE_S, settings.HYPERVISOR_HEARTBEAT_STALE_S / 3))
+
+
 def _shutdown(current: Run, step: OperationStep):
     op = current.operation
     backend = current.where()
@@ -447,14 +454,15 @@ def _shutdown(current: Run, step: OperationStep):
     if domain.state == PowerState.SHUT_OFF:
         return result, not result["was_running"]
     deadline = timezone.now() + timedelta(seconds=settings.HYPERVISOR_SHUTDOWN_TIMEOUT_S)
+    slice_s = shutdown_slice_s()
     while True:
         remaining = (deadline - timezone.now()).total_seconds()
         try:
-            backend.shutdown(current.uuid, timeout_s=max(0.0, min(SHUTDOWN_SLICE_S, remaining)))
+            backend.shutdown(current.uuid, timeout_s=max(0.0, min(slice_s, remaining)))
             return result, False
         except ShutdownTimeout:
             current.beat()
-            if remaining <= SHUTDOWN_SLICE_S:
+            if remaining <= slice_s:
                 raise ShutdownTimeout(
                     f"{op.vm.name} did not power off within {settings.HYPERVISOR_SHUTDOWN_TIMEOUT_S:g} s; it was left "
                     "running and nothing was changed. Ask the artist to save and shut down, then run it again.",
