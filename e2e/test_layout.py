@@ -94,6 +94,7 @@ NOT_PAGES = {
     "fleet:host-hypervisor-check": "POST",
     "fleet:host-hypervisor-sync": "POST",
     "hypervisors:operation-run": "POST",
+    "hypervisors:operation-cancel": "POST",
     "sizing:suggestion-refresh": "POST",
     "sizing:suggestion-accept": "POST",
     "sizing:suggestion-dismiss": "POST",

@@ -306,7 +306,7 @@ def _take(operation_id: int, now) -> Operation | None:
     if operation.started_at is None:
         operation.started_at = now
         operation.save(update_fields=["started_at"])
-        audit.record("operation.start", operation, after=_summary(operation))
+        audit.record("operation.run", operation, after=_summary(operation))
     return operation
 
 
