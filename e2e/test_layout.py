@@ -95,6 +95,7 @@ NOT_PAGES = {
     "fleet:host-hypervisor-sync": "POST",
     "hypervisors:operation-run": "POST",
     "hypervisors:operation-cancel": "POST",
+    "sizing:optimizer-run-operations": "POST",
     "sizing:suggestion-refresh": "POST",
     "sizing:suggestion-accept": "POST",
     "sizing:suggestion-dismiss": "POST",
