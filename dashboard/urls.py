@@ -8,6 +8,7 @@ from dashboard.views import (
     agents,
     audit,
     details,
+    drift,
     heatmap,
     hypervisors,
     lists,
@@ -78,6 +79,7 @@ hypervisors_patterns = [
     path("operations/", operations.OperationListView.as_view(), name="operation-list"),
     path("operations/<int:pk>/", operations.operation_detail, name="operation-detail"),
     path("operations/<int:pk>/run/", operations.operation_run, name="operation-run"),
+    path("drift/", drift.drift_list, name="drift"),
 ]
 
 urlpatterns = [
