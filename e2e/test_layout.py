@@ -24,7 +24,7 @@ from e2e.conftest import sign_in
 pytestmark = pytest.mark.django_db(transaction=True, serialized_rollback=True)
 
 WIDTHS = {375: 812, 1280: 800, 1920: 1080}  # width: height (a phone, a laptop, a desk screen)
-NAMESPACES = ("fleet", "telemetry", "sizing")
+NAMESPACES = ("fleet", "telemetry", "sizing", "hypervisors")
 
 
 @dataclass(frozen=True)
@@ -66,6 +66,9 @@ PAGES = [
     Page("requests", "fleet:requests", "admin"),
     Page("request-review", "fleet:request-review", "admin", "request"),
     Page("audit", "fleet:audit", "admin"),
+    Page("drift", "hypervisors:drift", "admin"),
+    Page("operations", "hypervisors:operation-list", "admin"),
+    Page("operation-detail", "hypervisors:operation-detail", "admin", "operation"),
     Page("notifications", "fleet:notifications", "admin"),
     Page("admin-workstation", "fleet:workstation", "admin"),
     Page("my-workstation", "fleet:workstation", "artist"),
@@ -82,6 +85,9 @@ NOT_PAGES = {
     "fleet:request-room": "fragment of the request queue",
     "fleet:request-decide": "POST",
     "fleet:request-file": "POST",
+    "fleet:host-hypervisor-check": "POST",
+    "fleet:host-hypervisor-sync": "POST",
+    "hypervisors:operation-run": "POST",
     "fleet:scheduler-gpu-apply": "POST",
     "fleet:scheduler-gpu-clear": "POST",
     "sizing:suggestion-refresh": "POST",
@@ -160,11 +166,14 @@ def test_every_route_of_the_dashboard_is_a_checked_page_or_not_a_page():
 def demo_ids(world) -> dict[str, int]:
     """Real objects to open the detail pages on: the artist's VM, its host and GPU, and an
     optimizer run carried out here; and a request of the artist's rejected (so both notification
-    pages have a row and the decided list one) and another pending."""
+    pages have a row and the decided list one) and another pending; and an operation that resized
+    the VM (the demo's hosts are not linked to hypervisors, so it is recorded as done)."""
     from django.contrib.auth.models import User
+    from django.utils import timezone
 
     from fleet import requests as resize_requests
     from fleet.models import VgpuProfile
+    from hypervisors.models import Operation
     from sizing import optimizer_runs
     from sizing.suggestions import refresh_suggestions
 
@@ -178,8 +187,11 @@ def demo_ids(world) -> dict[str, int]:
     pending = resize_requests.file_request(vm, user, others.order_by("-fb_mib").first(), 1, "heavier scenes this month")
     run = optimizer_runs.start_run(None, include_suggestions=True)
     optimizer_runs.execute_run(run.pk)
+    operation = Operation.objects.create(kind="resize", status="succeeded", vm=vm, host_id=vgpu.gpu.host_id,
+                                         target_host_id=vgpu.gpu.host_id, origin="the layout check",
+                                         started_at=timezone.now(), finished_at=timezone.now())
     return {"host": vgpu.gpu.host_id, "gpu": vgpu.gpu_id, "gpu_model": vgpu.gpu.gpu_model_id, "vm": vm.pk,
-            "artist": world.artist.pk, "run": run.pk, "request": pending.pk}
+            "artist": world.artist.pk, "run": run.pk, "request": pending.pk, "operation": operation.pk}
 
 
 def screenshot(page, path: Path) -> None:

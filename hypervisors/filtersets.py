@@ -29,12 +29,19 @@ class OperationFilterSet(django_filters.FilterSet):
         return queryset.filter(host=value) | queryset.filter(target_host=value)
 
 
+class KindsField(forms.MultipleChoiceField):
+    """Repeated `?kind=`; an empty one means no filter, as with every other list's empty filter."""
+
+    def to_python(self, value):
+        return [item for item in super().to_python(value) if item != ""]
+
+
 class DriftFilterForm(forms.Form):
     """The filters of the drift list, shared by `GET /api/v1/drift/` and the /drift/ page: kinds
     (repeat `kind` for several), host by id or name (matches either side of a VM found on two
     hosts) and severity. Drift is computed, not a queryset, hence a form and not a FilterSet."""
 
-    kind = forms.MultipleChoiceField(choices=drift.Kind.CHOICES, required=False)
+    kind = KindsField(choices=drift.Kind.CHOICES, required=False)
     host = IdOrNameField(queryset=Host.objects.order_by("name"), required=False, label="Host")
     severity = forms.ChoiceField(choices=[("", "Any"), *drift.Severity.CHOICES], required=False)
 
