@@ -601,16 +601,13 @@ def _silent(c: _Vm, domain: DomainRow | None, seen: set[int]) -> None:
     if not host_gpus & world.snapshot.gpus_reporting and not vm.guest_agent:
         message = (f"{vm.name} runs with a vGPU, but the agent of {host.name} has reported nothing for "
                    f"{window}: the host's GPUs go unwatched.")
-        severity = Severity.WARNING
     elif expected & seen:
         message = (f"The agent reads {len(expected & seen)} of {vm.name}'s {len(expected)} vGPUs; nothing of the "
                    f"one on {world.gpu_words(missing[0])} in {window}.")
-        severity = Severity.WARNING
     else:
         message = (f"{vm.name} runs with a vGPU, but no reading of it came in {window} while the host's GPUs are "
                    "read: check the vGPU driver and licence in the guest.")
-        severity = Severity.WARNING
-    c.add(Kind.AGENT_SILENT, severity, message,
+    c.add(Kind.AGENT_SILENT, Severity.WARNING, message,
           Action(Do.CHECK_AGENT, f"Check the agent of {host.name}", host_id=host.id), gpu_id=missing[0])
 
 
