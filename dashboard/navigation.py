@@ -47,6 +47,7 @@ ADMIN_MENU = (
         Link("VMs", "fleet:vm-list"),
         Link("Artists", "fleet:artist-list"),
         Link("GPU scheduler", "fleet:scheduler"),
+        Link("Drift", "hypervisors:drift"),
     )),
     Group("Telemetry", (
         Link("Heatmaps", "telemetry:heatmap"),

@@ -15,6 +15,8 @@ from datetime import datetime, timedelta
 from fleet import capacity, placement
 from fleet.choices import GpuMode
 from fleet.models import Artist, Gpu, Host, Vgpu, VgpuProfile, VirtualMachine
+from hypervisors import drift
+from hypervisors.drift_queries import fleet_drift
 from telemetry import queries as telemetry_queries
 from telemetry.models import AgentStatus
 
@@ -103,6 +105,9 @@ class Overview:
     gpus_without_recent_sample: int
     idle: list[IdleVm]
     idle_no_data: int
+    drift: list[drift.KindCount]  # per kind of drift between inventory, hypervisors and agents
+    drifting_vms: int
+    drifting_gpus: int
     hot_sample_max_age_min: int = int(HOT_SAMPLE_MAX_AGE.total_seconds() // 60)
     idle_window_h: int = int(IDLE_WINDOW.total_seconds() // 3600)
 
@@ -218,7 +223,8 @@ def _agents() -> tuple[list[tuple[str, str, int]], list]:
 
 
 def load_overview(now: datetime) -> Overview:
-    """Read everything the overview shows, as of `now`. A fixed number of queries (ten)."""
+    """Read everything the overview shows, as of `now`. A fixed number of queries (ten, and the
+    drift snapshot's, `hypervisors.drift_queries`)."""
     states, refs, vgpus, profiles = gpu_states()
     usage = capacity.profile_usage(states)
     vgpu_models = {state.model.name for state in states if state.mode != GpuMode.PASSTHROUGH}
@@ -227,6 +233,8 @@ def load_overview(now: datetime) -> Overview:
     hottest, without_sample = _hottest(refs, now)
     idle, idle_no_data = _idle(vgpus, now)
     passthrough = sum(1 for state in states if state.mode == GpuMode.PASSTHROUGH)
+    drift_items = fleet_drift(now)
+    drifting_vms, drifting_gpus = drift.drifting(drift_items)
     return Overview(
         now=now,
         host_count=Host.objects.count(),
@@ -248,4 +256,7 @@ def load_overview(now: datetime) -> Overview:
         gpus_without_recent_sample=without_sample,
         idle=idle,
         idle_no_data=idle_no_data,
+        drift=drift.counts(drift_items),
+        drifting_vms=drifting_vms,
+        drifting_gpus=drifting_gpus,
     )

@@ -8,6 +8,7 @@ from dashboard.views import (
     agents,
     audit,
     details,
+    drift,
     heatmap,
     hypervisors,
     lists,
@@ -80,6 +81,7 @@ hypervisors_patterns = [
     path("operations/<int:pk>/", operations.operation_detail, name="operation-detail"),
     path("operations/<int:pk>/run/", operations.operation_run, name="operation-run"),
     path("operations/<int:pk>/cancel/", operations.operation_cancel, name="operation-cancel"),
+    path("drift/", drift.drift_list, name="drift"),
 ]
 
 urlpatterns = [

@@ -73,6 +73,7 @@ PAGES = [
     Page("operation-rolled-back", "hypervisors:operation-detail", "admin", "operation_rolled_back"),
     Page("operation-pending", "hypervisors:operation-detail", "admin", "operation_pending"),
     Page("audit", "fleet:audit", "admin"),
+    Page("drift", "hypervisors:drift", "admin"),
     Page("notifications", "fleet:notifications", "admin"),
     Page("admin-workstation", "fleet:workstation", "admin"),
     Page("my-workstation", "fleet:workstation", "artist"),
@@ -172,7 +173,7 @@ def test_every_route_of_the_dashboard_is_a_checked_page_or_not_a_page():
 def demo_ids(world) -> dict[str, int]:
     """Real objects to open the detail pages on: the artist's VM, its host and GPU, and an
     optimizer run carried out here; and a request of the artist's rejected (so both notification
-    pages have a row and the decided list one) and another pending."""
+    pages have a row and the decided list one) and another pending (operations: `operation_ids`)."""
     from django.contrib.auth.models import User
 
     from fleet import requests as resize_requests

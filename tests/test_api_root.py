@@ -7,6 +7,7 @@ from django.urls import get_resolver, resolve
 from django.urls.resolvers import URLResolver
 
 from fleet.api import urls as fleet_api
+from hypervisors.api import urls as hypervisors_api
 from sizing.api import urls as sizing_api
 from telemetry.api import urls as telemetry_api
 
@@ -27,7 +28,7 @@ def api_routes():
 def test_the_root_lists_every_registered_resource(admin_api):
     root = admin_api.get("/api/v1/").json()
 
-    for router in (fleet_api.router, telemetry_api.router, sizing_api.router):
+    for router in (fleet_api.router, telemetry_api.router, sizing_api.router, hypervisors_api.router):
         for prefix, _, _ in router.registry:
             assert root.get(prefix) == f"http://testserver/api/v1/{prefix}/", prefix
 
@@ -57,3 +58,7 @@ def test_every_address_the_root_lists_is_routed(admin_api, fleet_world):
             assert "never synced" in response.json()["detail"]
             continue
         assert response["Content-Type"].startswith("application/json"), (name, url)
+
+
+def test_the_root_lists_the_drift_report(admin_api):
+    assert admin_api.get("/api/v1/").json()["drift"] == "http://testserver/api/v1/drift/"

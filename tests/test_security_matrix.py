@@ -237,6 +237,8 @@ ROWS = [
     # pages (telemetry)
     Row("heatmap/", lambda w: "/heatmap/", PAGE_ADMINS),
     Row("agents/", lambda w: "/agents/", PAGE_ADMINS),
+    # pages (hypervisors)
+    Row("drift/", lambda w: "/drift/", PAGE_ADMINS),
     # pages (sizing)
     Row("sizing/suggestions/", lambda w: "/sizing/suggestions/", PAGE_ADMINS),
     Row("sizing/suggestions/refresh/", lambda w: "/sizing/suggestions/refresh/", POST_ONLY_STAFF,
@@ -262,6 +264,7 @@ ROWS = [
         API_ADMIN_POST_ONLY, Unsafe("post", (401, 403, 403, 200, 200, 401))),
     Row("api/v1/hosts/{pk}/sync/", lambda w: f"/api/v1/hosts/{w.host_a.pk}/sync/", (401, 403, 403, 404, 404, 401),
         Unsafe("post", (401, 403, 403, 409, 409, 401), lambda w: {"apply": "all"})),
+    Row("api/v1/drift/", lambda w: "/api/v1/drift/", API_ADMINS, Unsafe("post", API_READ_ONLY, lambda w: {})),
     # API: scheduler
     Row("api/v1/gpus/{pk}/scheduler/", lambda w: f"/api/v1/gpus/{w.gpu_a.pk}/scheduler/", API_ADMINS,
         Unsafe("put", API_WRITE_ADMINS, lambda w: {})),

@@ -12,14 +12,14 @@ from fleet import requests as service
 from fleet.tests.factories import profile
 
 GROUPS = {
-    "Fleet": ["Overview", "Hosts", "GPUs", "VMs", "Artists", "GPU scheduler"],
+    "Fleet": ["Overview", "Hosts", "GPUs", "VMs", "Artists", "GPU scheduler", "Drift"],
     "Telemetry": ["Heatmaps", "Agents"],
     "Sizing": ["Right-sizing", "Density planner", "Placement optimizer"],
     "Requests": ["Resize requests", "Approved", "Rejected", "Cancelled", "Operations"],
     "Admin": ["Audit log", "Admin site", "API docs"],
 }
 FLEET_PATHS = ("/hosts/", "/gpus/", "/heatmap/", "/agents/", "/sizing/", "/requests/", "/audit/", "/admin/",
-               "/scheduler/", "/api/")
+               "/scheduler/", "/drift/", "/api/")
 
 
 def header(client, path: str) -> str:
@@ -60,6 +60,7 @@ def test_an_admin_gets_five_groups_with_every_page_and_the_shown_one_marked(flee
     assert current(header(client, "/")) == ["Fleet", "Overview"]
     assert current(header(client, "/agents/")) == ["Telemetry", "Agents"]
     assert current(header(client, "/audit/")) == ["Admin", "Audit log"]
+    assert current(header(client, "/drift/")) == ["Fleet", "Drift"]
 
 
 @pytest.mark.django_db

@@ -48,3 +48,37 @@ def linked(sim_dir, db):
     services.place_vgpu(vm_b, gpu_b, profile("RTX6000-24Q"))
     backend = sim_seed.seed_host(host)
     return SimpleNamespace(host=host, gpu_a=gpu_a, gpu_b=gpu_b, vm_a=vm_a, vm_b=vm_b, sim=backend)
+
+
+@pytest.fixture
+def drifting(linked):
+    """`linked`, read after ws-b's domain lost its vGPU device on the host; node-01's agent reads
+    its GPUs, and ws-a on GPU A and on GPU B (where it was before); node-02 is linked but never read.
+    The drift: ws-b's missing device, ws-a's old GPU in the agent, node-02 unread."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from fleet.tests.factories import HostFactory
+    from hypervisors import services
+    from telemetry.models import Agent, GpuSample, VgpuSample
+
+    linked.sim.change_domain(str(linked.vm_b.uuid), vgpus=[])
+    assert services.sync_host(linked.host).ok
+    Agent.objects.create(name="node-01-agent", url="http://node-01:9410", host=linked.host)
+    seen = timezone.now() - timedelta(seconds=3)
+    for gpu in (linked.gpu_a, linked.gpu_b):
+        GpuSample.objects.create(gpu=gpu, ts=seen, util_gpu=5)
+        VgpuSample.objects.create(vm=linked.vm_a, gpu=gpu, ts=seen)
+    linked.other = HostFactory(name="node-02", hypervisor_uri="sim://node-02")
+    return linked
+
+
+def add_unread_hosts(count: int) -> None:
+    """`count` more linked hosts, never read, each with a GPU and a VM: a larger fleet for query counts."""
+    from fleet.tests.factories import GpuFactory, HostFactory, VirtualMachineFactory
+
+    for index in range(count):
+        host = HostFactory(name=f"node-1{index}", hypervisor_uri=f"sim://node-1{index}")
+        GpuFactory(host=host, pci_bus_id=BUS_A)
+        VirtualMachineFactory(name=f"ws-z{index}", host=host)
