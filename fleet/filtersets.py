@@ -34,6 +34,13 @@ def visible_to_requester(visible):
     return queryset
 
 
+def literal_error(message: str, code: str) -> forms.ValidationError:
+    """A form error whose message quotes what the user typed, kept as typed: the text travels as a
+    parameter, because django-filter's API answer and Django's form both %-format an error's
+    message (a `%` typed into a filter would otherwise be read as a format and fail)."""
+    return forms.ValidationError("%(message)s", params={"message": message}, code=code)
+
+
 class IdOrNameField(django_filters.fields.ModelChoiceField):
     """A choice of one row by its id or by one of its names (`name_fields`, tried in order).
 
@@ -62,10 +69,10 @@ class IdOrNameField(django_filters.fields.ModelChoiceField):
             if len(matches) == 1:
                 return matches[0]
             if matches:
-                raise forms.ValidationError(
+                raise literal_error(
                     f"Several {self.queryset.model._meta.verbose_name_plural} have the {field} {text!r}: use the id.",
                     code="ambiguous")
-        raise forms.ValidationError(
+        raise literal_error(
             f"{self.error_messages['invalid_choice']} No {noun} has the id or name {text!r} (or you may not see it).",
             code="invalid_choice")
 
@@ -90,7 +97,7 @@ class PciBusIdField(forms.CharField):
         try:
             return normalize_pci_bus_id(text)
         except InvalidPciBusId as exc:
-            raise forms.ValidationError(str(exc), code="invalid") from None
+            raise literal_error(str(exc), code="invalid") from None
 
 
 class PciBusIdFilter(django_filters.CharFilter):
@@ -219,7 +226,7 @@ class TimeField(forms.CharField):
         try:
             return parsing.parse_time(text, default_tz=timezone.get_current_timezone())
         except parsing.ParseError as exc:
-            raise forms.ValidationError(str(exc), code="invalid") from None
+            raise literal_error(str(exc), code="invalid") from None
 
 
 class TimeFilter(django_filters.CharFilter):

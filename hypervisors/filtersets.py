@@ -19,7 +19,8 @@ class OperationFilterSet(django_filters.FilterSet):
     vm = IdOrNameFilter(label="VM", queryset=visible_to_requester(fleet_queries.visible_vms))
     host = IdOrNameFilter(label="Host", queryset=visible_to_requester(fleet_queries.visible_hosts),
                           method="filter_host")
-    request = django_filters.NumberFilter(field_name="request_id", label="Resize request")
+    request = django_filters.NumberFilter(field_name="request_id", label="Resize request", min_value=1,
+                                          max_value=2**63 - 1, decimal_places=0)
 
     class Meta:
         model = Operation

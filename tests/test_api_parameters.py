@@ -55,3 +55,16 @@ def test_an_objects_own_address_keeps_ignoring_list_parameters(admin_api, fleet_
     response = admin_api.get(f"/api/v1/hosts/{fleet_world.host_a.pk}/", {"format": "json"})
 
     assert response.status_code == 200
+
+
+@pytest.mark.parametrize("typed", ["100%", "%s", "%(x)s"])
+def test_a_percent_sign_typed_into_a_filter_is_quoted_back_as_typed(admin_api, staff, fleet_world, typed):
+    answer = admin_api.get("/api/v1/gpus/", {"host": typed})
+    assert answer.status_code == 400
+    assert answer.json()["host"] == [
+        f"Select a valid choice. That choice is not one of the available choices. No host has the id or name "
+        f"{typed!r} (or you may not see it)."]
+    assert admin_api.get("/api/v1/audit-events/", {"since": typed}).status_code == 400
+    page = staff.get("/gpus/", {"host": typed})
+    assert page.status_code == 400
+    assert f"No host has the id or name {typed!r}".replace("'", "&#x27;") in page.content.decode()

@@ -239,7 +239,7 @@ def object_for(template: str, name: str, w) -> Any:
         "models": w.gpu_a.gpu_model, "suggestions": w.suggestion, "optimizer": w.run,
         "gpu-models": w.gpu_a.gpu_model, "vgpu-profiles": w.profile_12q, "vgpus": w.vgpu_a,
         "resize-requests": w.request, "notifications": w.note, "audit-events": w.event, "agents": w.agent,
-        "workflow-presets": w.preset, "optimizer-runs": w.run,
+        "workflow-presets": w.preset, "optimizer-runs": w.run, "operations": w.operation,
     }
     return by_segment[segment]
 

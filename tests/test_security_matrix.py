@@ -41,6 +41,7 @@ from fleet.api_tokens import issue_token
 from fleet.models import AuditEvent, Notification
 from fleet.request_preview import preview
 from fleet.tests.factories import ArtistFactory, GpuFactory, UserFactory, VirtualMachineFactory, profile
+from hypervisors.models import Operation
 from sizing import optimizer_runs, tasks
 from sizing.models import Suggestion, SuggestionAction, WorkflowPreset
 from telemetry.aggregation import bucket_floor
@@ -102,6 +103,9 @@ def security_world(fleet_world, admin_user) -> W:
     w.event = AuditEvent.objects.order_by("pk").first()
     w.agent = Agent.objects.create(name="smi-a", kind=AgentKind.NVIDIA_SMI, host=w.host_a)
     w.token_key = issue_token(w.bot, "ci")[1]
+    # A pending operation on Ana's VM (host_a is not linked: the row alone, for the routes).
+    w.operation = Operation.objects.create(kind="resize", vm=w.vm_a, host=w.host_a, target_host=w.host_a,
+                                           origin="the role matrix")
     return w
 
 
@@ -239,6 +243,12 @@ ROWS = [
     Row("agents/", lambda w: "/agents/", PAGE_ADMINS),
     # pages (hypervisors)
     Row("drift/", lambda w: "/drift/", PAGE_ADMINS),
+    Row("operations/", lambda w: "/operations/", PAGE_ADMINS),
+    Row("operations/{pk}/", lambda w: f"/operations/{w.operation.pk}/", PAGE_OWN),
+    Row("operations/{pk}/run/", lambda w: f"/operations/{w.operation.pk}/run/", POST_ONLY_STAFF,
+        Unsafe("post", _staff_form("/operations/{operation}/"), lambda w: {})),
+    Row("operations/{pk}/cancel/", lambda w: f"/operations/{w.operation.pk}/cancel/", POST_ONLY_STAFF,
+        Unsafe("post", _staff_form("/operations/{operation}/"), lambda w: {"reason": "matrix"})),
     # pages (sizing)
     Row("sizing/suggestions/", lambda w: "/sizing/suggestions/", PAGE_ADMINS),
     Row("sizing/suggestions/refresh/", lambda w: "/sizing/suggestions/refresh/", POST_ONLY_STAFF,
@@ -255,6 +265,8 @@ ROWS = [
     Row("sizing/optimizer/{pk}/", lambda w: f"/sizing/optimizer/{w.run.pk}/", PAGE_ADMINS),
     Row("sizing/optimizer/{pk}/apply/", lambda w: f"/sizing/optimizer/{w.run.pk}/apply/", POST_ONLY_STAFF,
         Unsafe("post", _staff_form("/sizing/optimizer/{run}/"), lambda w: {})),
+    Row("sizing/optimizer/{pk}/run-operations/", lambda w: f"/sizing/optimizer/{w.run.pk}/run-operations/",
+        POST_ONLY_STAFF, Unsafe("post", _staff_form("/sizing/optimizer/{run}/"), lambda w: {})),
     # sign-in
     Row("login/", lambda w: "/login/", (200, "/", "/", "/", 200, 200)),
     Row("logout/", lambda w: "/logout/", (405,) * 6, Unsafe("post", ("/login/",) * 6)),
@@ -265,6 +277,14 @@ ROWS = [
     Row("api/v1/hosts/{pk}/sync/", lambda w: f"/api/v1/hosts/{w.host_a.pk}/sync/", (401, 403, 403, 404, 404, 401),
         Unsafe("post", (401, 403, 403, 409, 409, 401), lambda w: {"apply": "all"})),
     Row("api/v1/drift/", lambda w: "/api/v1/drift/", API_ADMINS, Unsafe("post", API_READ_ONLY, lambda w: {})),
+    # API: operations (read like VMs: the artist sees her own; only admins run or cancel)
+    Row("api/v1/operations/", lambda w: "/api/v1/operations/", (401, 200, 200, 200, 200, 401),
+        Unsafe("post", API_READ_ONLY, lambda w: {})),
+    Row("api/v1/operations/{pk}/", lambda w: f"/api/v1/operations/{w.operation.pk}/", API_OWN),
+    Row("api/v1/operations/{pk}/run/", lambda w: f"/api/v1/operations/{w.operation.pk}/run/", API_POST_ONLY,
+        Unsafe("post", (401, 403, 403, 202, 202, 401), lambda w: {})),
+    Row("api/v1/operations/{pk}/cancel/", lambda w: f"/api/v1/operations/{w.operation.pk}/cancel/", API_POST_ONLY,
+        Unsafe("post", (401, 403, 403, 200, 200, 401), lambda w: {"reason": "matrix"})),
     # API: scheduler
     Row("api/v1/gpus/{pk}/scheduler/", lambda w: f"/api/v1/gpus/{w.gpu_a.pk}/scheduler/", API_ADMINS,
         Unsafe("put", API_WRITE_ADMINS, lambda w: {})),
@@ -375,7 +395,8 @@ ROWS = [
 
 
 def _fill(expect: tuple, w: W) -> tuple:
-    names = {"gpu": w.gpu_a.pk, "run": w.run.pk, "next_run": w.run.pk + 1, "host": w.host_a.pk}
+    names = {"gpu": w.gpu_a.pk, "run": w.run.pk, "next_run": w.run.pk + 1, "host": w.host_a.pk,
+             "operation": w.operation.pk}
     return tuple(e.format(**names) if isinstance(e, str) else e for e in expect)
 
 

@@ -102,7 +102,11 @@ class DriftViewSet(viewsets.GenericViewSet):
     filter_backends = [KnownParametersFilter]
     extra_query_params = tuple(DriftFilterForm.base_fields)
 
-    def list(self, request):
+    def get_queryset(self):
+        """Drift is computed, not stored: no rows (the browsable API asks for them)."""
+        return []
+
+    def list(self, request, format=None):
         self.filter_queryset([])  # unknown parameters are a 400 (config.api.filters)
         form = DriftFilterForm(request.query_params)
         if not form.is_valid():

@@ -80,7 +80,7 @@ class OperationViewSet(viewsets.ReadOnlyModelViewSet):
     @extend_schema(request=CancelSerializer,
                    responses={200: OperationSerializer, 409: OpenApiResponse(DetailSerializer)})
     @action(detail=True, methods=["post"])
-    def cancel(self, request, pk=None):
+    def cancel(self, request, pk=None, format=None):
         """Cancel a pending operation (nothing on the hypervisor was touched): the inventory goes back,
         the request is marked failed with the reason; 409 once a worker took it."""
         body = CancelSerializer(data=request.data)
@@ -90,7 +90,7 @@ class OperationViewSet(viewsets.ReadOnlyModelViewSet):
 
     @extend_schema(request=None, responses={202: OperationSerializer, 409: OpenApiResponse(DetailSerializer)})
     @action(detail=True, methods=["post"])
-    def run(self, request, pk=None):
+    def run(self, request, pk=None, format=None):
         """Run a pending operation now (its window is ignored); 409 when it is not pending."""
         operation = operations.run_now(self.get_object(), request.user)
         return Response(self.get_serializer(operation).data, status=status.HTTP_202_ACCEPTED)
