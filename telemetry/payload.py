@@ -60,6 +60,10 @@ class VgpuReading:
     util_mem: float | None
     enc_util: float | None
     dec_util: float | None
+    # The instance's mdev UUID (NVML nvmlVgpuInstanceGetMdevUUID): the device id the hypervisor
+    # knows it by. None from agents older than the field, SR-IOV vGPUs (vGPU 17+, no mdev) and
+    # sources that do not tell (nvidia-smi, dcgm-exporter, guests).
+    mdev_uuid: str | None = None
 
 
 @dataclass(slots=True)
@@ -237,6 +241,8 @@ def _vgpu(obj: Any, path: str, gpu_fb_total: float | None) -> VgpuReading:
         util_mem=check_percent(obj["util_mem"], path + ".util_mem"),
         enc_util=check_percent(obj["enc_util"], path + ".enc_util"),
         dec_util=check_percent(obj["dec_util"], path + ".dec_util"),
+        # Added to protocol v1 after its first agents: optional, absent reads as null.
+        mdev_uuid=check_str(obj.get("mdev_uuid"), path + ".mdev_uuid", MAX_UUID),
     )
 
 

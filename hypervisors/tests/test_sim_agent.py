@@ -54,7 +54,15 @@ def test_the_agent_reports_the_vgpu_the_hypervisor_made_on_the_gpu_it_made_it_on
     readings = {gpu["pci_bus_id"]: gpu for gpu in reader.collect(now=1_780_000_000)}
     vgpu = readings[BUS_B]["vgpus"][0]
     assert vgpu["vm_uuid"] == VM
+    assert vgpu["mdev_uuid"] == new.id  # the hypervisor's device id, as NVML gives an mdev vGPU's
     assert 0 <= vgpu["fb_used_mib"] <= 12 * 1024  # within the new, smaller frame buffer
+
+
+def test_the_agent_reports_each_vgpu_with_the_hypervisors_device_id(hypervisor, sim_dir):
+    device = hypervisor.domain(VM).vgpus[0]
+    (gpu,) = [gpu for gpu in agent(sim_dir).collect(now=1_780_000_000) if gpu["vgpus"]]
+
+    assert [(v["vm_uuid"], v["mdev_uuid"]) for v in gpu["vgpus"]] == [(VM, device.id)]
 
 
 def test_without_the_hypervisors_file_the_agent_keeps_to_its_scenario(sim_dir):

@@ -8,6 +8,10 @@ Rules it follows, and why (vgpu-facts.md section 4):
   timeout, ...) are transient: null this poll, retried next poll, reported in `errors`.
 - Identity (UUID, name, PCI bus id, total frame buffer) and vGPU instance identity are read
   once and cached; they do not change while the GPU or the vGPU instance exists.
+- A vGPU's mdev UUID is the device id the hypervisor knows the instance by (libvirt's
+  `<hostdev>` address, `/sys/bus/mdev/devices/<uuid>`), so the dashboard can join what the
+  agent sees to the hypervisor's devices by id. The SR-IOV layout of vGPU 17+ has no mdev:
+  there NVML answers NOT_SUPPORTED and `mdev_uuid` stays null.
 - vGPU utilization is read incrementally: NVML returns samples newer than the timestamp we
   pass, and NOT_FOUND when there is none; we keep the last value per instance then.
 - pynvml declares `nvmlVgpuInstanceGetFbUsage` with a 32-bit buffer although the C API
@@ -383,12 +387,14 @@ class NvmlBackend:
         return result
 
     def _vgpu_identity(self, gpu: _Gpu, instance: int, errors: dict[str, str]) -> dict[str, Any]:
-        """VM id, vGPU UUID and type name of an instance; cached only once fully read."""
+        """VM id, vGPU UUID, mdev UUID and type name of an instance; cached only once fully read
+    (NOT_SUPPORTED counts as read: the field stays null and the call is not made again)."""
         nvml = self.nvml
         local: dict[str, str] = {}
         row: dict[str, Any] = {
             "instance_id": instance,
             "vgpu_uuid": None,
+            "mdev_uuid": None,
             "vm_uuid": None,
             "vm_id": None,
             "vm_id_type": None,
@@ -406,6 +412,11 @@ class NvmlBackend:
         uuid = self._call(gpu, "vgpu_uuid", local, nvml.nvmlVgpuInstanceGetUUID, instance)
         if uuid is not _FAILED:
             row["vgpu_uuid"] = _text(uuid)
+        # Bindings older than the call have no wrapper for it: the same as a driver without it.
+        get_mdev = getattr(nvml, "nvmlVgpuInstanceGetMdevUUID", None)
+        mdev = _FAILED if get_mdev is None else self._call(gpu, "vgpu_mdev_uuid", local, get_mdev, instance)
+        if mdev is not _FAILED and mdev:
+            row["mdev_uuid"] = _text(mdev)
         type_id = self._call(gpu, "vgpu_type", local, nvml.nvmlVgpuInstanceGetType, instance)
         if type_id is not _FAILED:
             name = self._type_names.get(type_id)

@@ -3,7 +3,8 @@
 A scenario describes one host as the sim backend should report it:
 `{"hostname", "timezone"?, "gpus": [{"uuid", "name", "pci_bus_id", "fb_total_mib",
 "virtualization_mode"?, "power_limit_w"?, "max_sm_clock_mhz"?, "scheduler"?,
-"vgpus": [{"vgpu_uuid", "vm_uuid", "vm_name", "type_name", "fb_mib", "workflow", "user_type"}]}]}`.
+"vgpus": [{"vgpu_uuid", "vm_uuid", "vm_name", "type_name", "fb_mib", "workflow", "user_type",
+"mdev_uuid"?}]}]}`. `mdev_uuid`, where given, is reported as the instance's mdev UUID (null without).
 `timezone` sets the studio's working hours: an IANA name, "UTC" or "UTC+09:00"; without it
 the agent machine's local time.
 
@@ -67,7 +68,7 @@ def build_scenario(
 
     `gpus` items: {"name", "fb_total_mib", "uuid"?, "pci_bus_id"?, "virtualization_mode"?,
     "power_limit_w"?, "max_sm_clock_mhz"?, "scheduler"?, "vgpus": [{"vm_name", "type_name",
-    "fb_mib", "workflow"?, "user_type"?, "vm_uuid"?, "vgpu_uuid"?}]}. Missing identities
+    "fb_mib", "workflow"?, "user_type"?, "vm_uuid"?, "vgpu_uuid"?, "mdev_uuid"?}]}. Missing identities
     are derived from the hostname, GPU index and VM name (stable across calls); a VM that
     has vGPUs on several GPUs (multi-vGPU) keeps one vm_uuid because it is derived from
     its name. Raises ScenarioError when the result would be inconsistent.
@@ -104,6 +105,7 @@ def _build_gpu(hostname: str, index: int, gpu: Mapping[str, Any]) -> dict[str, A
             "fb_mib": int(vgpu["fb_mib"]),
             "workflow": vgpu.get("workflow") or "other",
             "user_type": vgpu.get("user_type") or "medium",
+            **({"mdev_uuid": vgpu["mdev_uuid"]} if vgpu.get("mdev_uuid") else {}),
         }
         for position, vgpu in enumerate(gpu.get("vgpus", ()))
     ]
@@ -171,6 +173,9 @@ def validate_scenario(data: Any) -> dict[str, Any]:
             for key in ("vgpu_uuid", "vm_uuid", "vm_name", "type_name"):
                 if not isinstance(vgpu.get(key), str) or not vgpu[key]:
                     raise ScenarioError(f"{vwhere}.{key} is missing or empty")
+            mdev_uuid = vgpu.get("mdev_uuid")
+            if mdev_uuid is not None and (not isinstance(mdev_uuid, str) or not mdev_uuid):
+                raise ScenarioError(f"{vwhere}.mdev_uuid must be a non-empty string or absent")
             fb_mib = vgpu.get("fb_mib")
             if not isinstance(fb_mib, int) or isinstance(fb_mib, bool) or fb_mib <= 0:
                 raise ScenarioError(f"{vwhere}.fb_mib must be a positive integer")

@@ -143,7 +143,7 @@ def _pattern(kind: str, seed: str, t: float) -> tuple[float, float, float]:
 
 
 def simulate_vgpu(vgpu: dict[str, Any], t: float, clock: _Clock) -> dict[str, Any]:
-    """Protocol-v1 figures of one scenario vGPU at instant `t`."""
+    """Protocol-v1 figures of one scenario vGPU at instant `t` (identity as the scenario gives it)."""
     seed = vgpu["vgpu_uuid"]
     fb_mib = vgpu["fb_mib"]
     activity = _activity(seed, clock)
@@ -165,6 +165,9 @@ def simulate_vgpu(vgpu: dict[str, Any], t: float, clock: _Clock) -> dict[str, An
         sessions = fps = latency_us = 0
     return {
         "vgpu_uuid": vgpu["vgpu_uuid"],
+        # The hypervisor's device id where the instance follows a simulated hypervisor; a plain
+        # scenario has none unless it names one (an SR-IOV vGPU has no mdev either).
+        "mdev_uuid": vgpu.get("mdev_uuid"),
         "vm_uuid": vgpu["vm_uuid"],
         "vm_name": vgpu["vm_name"],
         "type_name": vgpu["type_name"],
@@ -220,7 +223,8 @@ def following_hypervisor(gpus: list[dict[str, Any]], state_path: str) -> list[di
     The demo links each host to a simulated hypervisor (`hypervisors/backends/sim.py`, one JSON
     file per host); reading that file here makes the agent report what the hypervisor runs, as a
     real agent reports what the driver sees, so a change carried out on the hypervisor shows in
-    telemetry. An unreadable file leaves the scenario as it is."""
+    telemetry. Each vGPU carries its device id as `mdev_uuid`, as NVML reports an mdev vGPU's. An
+    unreadable file leaves the scenario as it is."""
     try:
         with open(state_path, encoding="utf-8") as handle:
             state = json.load(handle)
@@ -242,6 +246,8 @@ def following_hypervisor(gpus: list[dict[str, Any]], state_path: str) -> list[di
             base = known.get(vm_uuid, {})
             placed.setdefault(device["gpu_bus_id"].upper(), []).append({
                 "vgpu_uuid": device_id if position == 0 else f"{device_id}-{position}",
+                # The simulated hypervisor names its devices by mdev UUID, as libvirt does.
+                "mdev_uuid": device_id,
                 "vm_uuid": vm_uuid, "vm_name": record.get("name") or base.get("vm_name", vm_uuid),
                 "type_name": type_name.split(" ", 1)[-1] if type_name.startswith(("NVIDIA ", "GRID ")) else type_name,
                 "fb_mib": int(match.group(1)) * 1024 if match else base.get("fb_mib", 1024),

@@ -18,6 +18,8 @@ import pynvml
 
 GIB = 1 << 30
 MIB = 1 << 20
+MDEV_MODELING = "2f1c3e4a-6b7d-4e8f-9a0b-1c2d3e4f5a6b"
+MDEV_TEXTURING = "8a9b0c1d-2e3f-4a5b-8c7d-9e0f1a2b3c4d"
 
 
 @dataclass
@@ -30,6 +32,8 @@ class FakeVgpu:
     type_name: str = "GRID RTX6000-12Q"
     fb_usage_bytes: int = 2 * GIB
     encoder_stats: tuple[int, int, int] = (1, 60, 2800)
+    # The instance's mdev UUID; None: an SR-IOV vGPU (vGPU 17+), for which NVML says NOT_SUPPORTED.
+    mdev_uuid: str | None = None
 
 
 @dataclass
@@ -231,6 +235,13 @@ class FakeNvml:
         self._enter("nvmlVgpuInstanceGetUUID", gpu)
         return vgpu.uuid
 
+    def nvmlVgpuInstanceGetMdevUUID(self, instance):
+        gpu, vgpu = self._vgpu(instance)
+        self._enter("nvmlVgpuInstanceGetMdevUUID", gpu)
+        if vgpu.mdev_uuid is None:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return vgpu.mdev_uuid
+
     def nvmlVgpuInstanceGetType(self, instance):
         gpu, vgpu = self._vgpu(instance)
         self._enter("nvmlVgpuInstanceGetType", gpu)
@@ -287,8 +298,10 @@ def vgpu_host(**overrides) -> FakeGpu:
     gpu = FakeGpu(
         mode=pynvml.NVML_GPU_VIRTUALIZATION_MODE_HOST_VGPU,
         vgpus=[
-            FakeVgpu(instance=7, uuid="vgpu-aaaa", vm_id="vm-uuid-modeling", fb_usage_bytes=5 * GIB + 512 * MIB),
-            FakeVgpu(instance=9, uuid="vgpu-bbbb", vm_id="vm-uuid-texturing", fb_usage_bytes=3 * GIB),
+            FakeVgpu(instance=7, uuid="vgpu-aaaa", vm_id="vm-uuid-modeling", fb_usage_bytes=5 * GIB + 512 * MIB,
+                     mdev_uuid=MDEV_MODELING),
+            FakeVgpu(instance=9, uuid="vgpu-bbbb", vm_id="vm-uuid-texturing", fb_usage_bytes=3 * GIB,
+                     mdev_uuid=MDEV_TEXTURING),
         ],
         vgpu_samples=[(7, 1_000, 30, 10, 4, 0), (9, 1_000, 60, 20, 8, 1)],
         scheduler=(pynvml.NVML_VGPU_SCHEDULER_POLICY_BEST_EFFORT, pynvml.NVML_VGPU_SCHEDULER_ARR_DISABLE, 0, 2_000_000),

@@ -8,7 +8,7 @@ import pynvml
 import pytest
 
 from telemetry.agent.nvml_backend import NvmlBackend
-from telemetry.tests.fake_nvml import GIB, MIB, FakeGpu, FakeNvml, FakeVgpu, vgpu_host
+from telemetry.tests.fake_nvml import GIB, MDEV_MODELING, MDEV_TEXTURING, MIB, FakeGpu, FakeNvml, FakeVgpu, vgpu_host
 
 # NVML function -> protocol fields it feeds.
 METRIC_CALLS = [
@@ -162,6 +162,7 @@ def test_vgpu_host_reports_each_vgpu_with_its_vm_and_profile():
         {
             "instance_id": 7,
             "vgpu_uuid": "vgpu-aaaa",
+            "mdev_uuid": MDEV_MODELING,
             "vm_uuid": "vm-uuid-modeling",
             "vm_id": "vm-uuid-modeling",
             "vm_id_type": "uuid",
@@ -179,6 +180,7 @@ def test_vgpu_host_reports_each_vgpu_with_its_vm_and_profile():
         {
             "instance_id": 9,
             "vgpu_uuid": "vgpu-bbbb",
+            "mdev_uuid": MDEV_TEXTURING,
             "vm_uuid": "vm-uuid-texturing",
             "vm_id": "vm-uuid-texturing",
             "vm_id_type": "uuid",
@@ -274,6 +276,51 @@ def test_vgpu_identity_is_cached_until_the_instance_goes_away():
 
     assert [v["vm_uuid"] for v in gpu["vgpus"]] == ["vm-uuid-modeling", "vm-uuid-lighting"]
     assert gpu["vgpus"][1]["util_gpu"] is None, "the old VM's utilization must not carry over"
+
+
+def test_sriov_vgpu_without_mdev_reports_null_mdev_uuid_and_is_not_asked_again():
+    """vGPU 17+ on SR-IOV GPUs has no mdev: NVML says NOT_SUPPORTED, which is no error."""
+    host = vgpu_host()
+    for vgpu in host.vgpus:
+        vgpu.mdev_uuid = None
+    nvml = FakeNvml([host])
+    backend = NvmlBackend(nvml)
+
+    first = poll(backend)
+    host.vgpus.append(FakeVgpu(instance=11, uuid="vgpu-cccc", vm_id="vm-uuid-lighting"))
+    second = poll(backend)
+
+    assert [v["mdev_uuid"] for v in second["vgpus"]] == [None, None, None]
+    assert [v["vgpu_uuid"] for v in second["vgpus"]] == ["vgpu-aaaa", "vgpu-bbbb", "vgpu-cccc"]
+    assert first["errors"] == second["errors"] == {}
+    assert nvml.calls["nvmlVgpuInstanceGetMdevUUID"] == 1, "unsupported on this GPU: asked once"
+    assert nvml.calls["nvmlVgpuInstanceGetVmID"] == 3, "identity still cached per instance"
+
+
+def test_mdev_uuid_transient_error_is_reported_and_read_again_next_poll():
+    nvml = FakeNvml([vgpu_host()])
+    nvml.errors["nvmlVgpuInstanceGetMdevUUID"] = pynvml.NVML_ERROR_UNKNOWN
+    backend = NvmlBackend(nvml)
+
+    first = poll(backend)
+    del nvml.errors["nvmlVgpuInstanceGetMdevUUID"]
+    second = poll(backend)
+
+    assert [v["mdev_uuid"] for v in first["vgpus"]] == [None, None]
+    assert "vgpu_mdev_uuid" in first["errors"]
+    assert [v["mdev_uuid"] for v in second["vgpus"]] == [MDEV_MODELING, MDEV_TEXTURING]
+    assert second["errors"] == {}
+
+
+def test_older_pynvml_without_the_mdev_call_reports_null_mdev_uuid():
+    class OldPynvml(FakeNvml):
+        nvmlVgpuInstanceGetMdevUUID = None
+
+    gpu = poll(NvmlBackend(OldPynvml([vgpu_host()])))
+
+    assert [v["mdev_uuid"] for v in gpu["vgpus"]] == [None, None]
+    assert [v["vm_uuid"] for v in gpu["vgpus"]] == ["vm-uuid-modeling", "vm-uuid-texturing"]
+    assert gpu["errors"] == {}
 
 
 def test_domain_vm_ids_are_not_reported_as_vm_uuids():

@@ -125,8 +125,14 @@ def test_build_scenarios_makes_one_scenario_per_host_and_refuses_duplicates():
             "only a vgpu_host GPU hosts vGPUs",
         ),
         ({"fb_total_mib": 16384}, "lacks 'name'"),
+        (
+            {"name": "Tesla T4", "fb_total_mib": 16384, "vgpus": [
+                {"vm_name": "a", "type_name": "T4-4Q", "fb_mib": 4096, "mdev_uuid": 42},
+            ]},
+            r"vgpus\[0\]\.mdev_uuid must be a non-empty string",
+        ),
     ],
-    ids=["overfull", "vgpu-larger-than-gpu", "unknown-workflow", "vgpu-on-passthrough", "no-name"],
+    ids=["overfull", "vgpu-larger-than-gpu", "unknown-workflow", "vgpu-on-passthrough", "no-name", "bad-mdev-uuid"],
 )  # fmt: skip
 def test_inconsistent_scenarios_are_refused_with_the_reason(gpu, message):
     with pytest.raises(ScenarioError, match=message):

@@ -160,3 +160,16 @@ def test_gpu_without_vgpus_idles_and_passthrough_has_no_scheduler():
     assert empty["scheduler"]["policy"] == "best_effort"
     assert passthrough["virtualization_mode"] == "passthrough"
     assert passthrough["scheduler"] is None
+
+
+def test_plain_scenario_reports_no_mdev_uuid_unless_it_names_one():
+    mdev = "6d0e4f2a-9b1c-4d3e-8f5a-7b6c5d4e3f2a"
+    backend = SimBackend(build_scenario("node-07", [{"name": "NVIDIA L40S", "fb_total_mib": 46068, "vgpus": [
+        {"vm_name": "ws-plain", "type_name": "L40S-12Q", "fb_mib": 12288},
+        {"vm_name": "ws-named", "type_name": "L40S-12Q", "fb_mib": 12288, "mdev_uuid": mdev},
+    ]}], timezone="UTC"))
+
+    snapshot = backend.collect(MONDAY + 11 * HOUR)
+
+    assert vgpu(snapshot, "ws-plain")["mdev_uuid"] is None
+    assert vgpu(snapshot, "ws-named")["mdev_uuid"] == mdev

@@ -23,7 +23,7 @@ from telemetry.payload import (
     parse_agent_payload,
     profile_key,
 )
-from telemetry.tests.fake_nvml import FakeGpu, FakeNvml, vgpu_host
+from telemetry.tests.fake_nvml import MDEV_MODELING, MDEV_TEXTURING, FakeGpu, FakeNvml, vgpu_host
 
 
 def _payload() -> dict:
@@ -84,6 +84,26 @@ def test_valid_payload_becomes_a_report_with_every_value():
     assert (second.util_gpu, second.fb_used_mib, second.temp_c, second.power_w) == (None, None, None, None)
 
 
+def test_agents_older_than_mdev_uuid_are_read_as_reporting_none():
+    """The payload above is an agent from before `mdev_uuid`: its vGPUs are stored as ever."""
+    report = parse_agent_payload(_payload())
+
+    assert [v.mdev_uuid for v in report.gpus[0].vgpus] == [None, None]
+    assert [v.vm_uuid for v in report.gpus[0].vgpus] == ["cb36e14e-3c36-5e11-a488-dc7dbdb6efe2",
+                                                         "8148c024-5fb1-5039-b912-9cdbb5f57e4b"]
+
+
+def test_a_vgpus_mdev_uuid_is_read_and_null_stays_none():
+    data = _payload()
+    data["gpus"][0]["vgpus"][0]["mdev_uuid"] = "0b5d1a3e-7c2f-4e8a-9d6b-3f1e2a4c5b7d"
+    data["gpus"][0]["vgpus"][1]["mdev_uuid"] = None  # an SR-IOV vGPU: no mdev
+
+    first, second = parse_agent_payload(data).gpus[0].vgpus
+
+    assert first.mdev_uuid == "0b5d1a3e-7c2f-4e8a-9d6b-3f1e2a4c5b7d"
+    assert second.mdev_uuid is None
+
+
 def test_bytes_text_and_decoded_object_give_the_same_report():
     data = _payload()
     assert parse_agent_payload(json.dumps(data)) == parse_agent_payload(json.dumps(data).encode()) \
@@ -124,8 +144,9 @@ def test_what_the_nvml_agent_reads_is_accepted():
 
     host_gpu, bare_gpu = report.gpus
     assert host_gpu.virtualization_mode == "vgpu_host"
-    assert [(v.vm_uuid, v.type_name, v.fb_used_mib) for v in host_gpu.vgpus] == [
-        ("vm-uuid-modeling", "GRID RTX6000-12Q", 5632), ("vm-uuid-texturing", "GRID RTX6000-12Q", 3072)]
+    assert [(v.vm_uuid, v.type_name, v.fb_used_mib, v.mdev_uuid) for v in host_gpu.vgpus] == [
+        ("vm-uuid-modeling", "GRID RTX6000-12Q", 5632, MDEV_MODELING),
+        ("vm-uuid-texturing", "GRID RTX6000-12Q", 3072, MDEV_TEXTURING)]
     assert bare_gpu.uuid == "GPU-bare"
     assert bare_gpu.vgpus == []
 
@@ -190,6 +211,11 @@ _DELETE = object()
     (_set("gpus.0.vgpus.0.fb_used_mib", 99999), "gpus[0].vgpus[0].fb_used_mib: expected a number of MiB 0..24576"),
     (_set("gpus.0.vgpus.0.vm_uuid", 42), "gpus[0].vgpus[0].vm_uuid: expected a non-empty string"),
     (_set("gpus.0.vgpus.1.type_name", _DELETE), "gpus[0].vgpus[1].type_name: required key missing"),
+    (_set("gpus.0.vgpus.0.mdev_uuid", 42), "gpus[0].vgpus[0].mdev_uuid: expected a non-empty string of at most 80 "
+                                           "characters or null, got 42"),
+    (_set("gpus.0.vgpus.1.mdev_uuid", ""), "gpus[0].vgpus[1].mdev_uuid: expected a non-empty string"),
+    (_set("gpus.0.vgpus.0.mdev_uuid", "f" * 81), "gpus[0].vgpus[0].mdev_uuid: expected a non-empty string of at "
+                                                 "most 80 characters"),
     (_set("gpus.1.uuid", "GPU-4ec115a5-de1f-52aa-a320-718cfadf645b"),
      "gpus[1].uuid: 'GPU-4ec115a5-de1f-52aa-a320-718cfadf645b' is already gpus[0]"),
     (_set("gpus", {"0": {}}), "gpus: expected a list, got {'0': {}}"),
