@@ -304,6 +304,17 @@ class Vgpu(models.Model):
         help_text="The vGPU instance on the host: its mdev UUID, or its SR-IOV VF's PCI address (vGPU 17+); "
                   "filled by hypervisor sync and operations",
     )
+    # What the host agent reads, kept apart from `device_id` (the inventory's and hypervisor's
+    # word) so drift can compare the two. State, not a time series: ingest writes it only when
+    # the agent's value changes, so `reported_device_at` is when it last changed.
+    reported_device_id = models.CharField(
+        "device the agent reports", max_length=80, blank=True, editable=False,
+        help_text="The mdev UUID the host agent last reported for this vGPU (empty: none reported, or an SR-IOV "
+                  "vGPU, which has no mdev)",
+    )
+    reported_device_at = models.DateTimeField(
+        null=True, blank=True, editable=False, help_text="When the agent's reported device last changed",
+    )
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:

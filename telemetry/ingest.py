@@ -46,6 +46,10 @@ and the nvidia-smi push API both call it with validated `Report`s. Rules, and wh
   than the declared profile gets a `profile` drift. A guest VM's own reading
   (`Report.guest_vgpus`) maps the same way and is stored against the GPU its declared vGPU
   (on the agent's host, or any for the agent bound to that VM) sits on.
+- A host agent's reading names its vGPU instance's mdev UUID where NVML has one. It picks the
+  declared vGPU with that device (inventory's or last reported) among several on the GPU, and is
+  kept on the vGPU row (`Vgpu.reported_device_id`, for drift and sync), written only when it
+  differs from the stored one: a null (older agent, SR-IOV vGPU, a failed read) changes nothing.
 - Drift rows are upserted: one open row per kind and subject, `last_seen` bumped while the
   difference is reported. A later accepted report from the same agent that no longer shows it
   resolves it (`resolved_at`), for every kind except `unknown_gpu` (see above) and
@@ -194,6 +198,15 @@ def derive_code(name: str, taken: set[str]) -> str:
     return code
 
 
+def _device_key(mdev_uuid: str | None) -> str:
+    """A reported mdev UUID as the hypervisor backends write device ids (lower case, with dashes),
+    or "" for none; a value that is no UUID is kept, lower-cased, so a comparison still fails loud."""
+    if not mdev_uuid:
+        return ""
+    parsed = _parse_uuid(mdev_uuid.strip())
+    return str(parsed) if parsed is not None else mdev_uuid.strip().lower()
+
+
 def _parse_uuid(value: str | None) -> uuid_lib.UUID | None:
     try:
         return uuid_lib.UUID(value) if value else None
@@ -242,14 +255,16 @@ class _Named:
 
 class _VgpuRow:
     """The fields of a declared vGPU the mapping reads; `gpu` is the batch's Gpu when it has it, and
-    `host_id` its GPU's host, which decides whose agents may write the VM's series."""
+    `host_id` its GPU's host, which decides whose agents may write the VM's series. `device_id` is
+    the inventory's device, `reported` the device the agent last reported (`Vgpu.reported_device_id`)."""
 
-    __slots__ = ("pk", "vm_id", "gpu_id", "host_id", "profile", "gpu")
+    __slots__ = ("pk", "vm_id", "gpu_id", "host_id", "profile", "gpu", "device_id", "reported")
 
     def __init__(self, pk: int, vm_id: int, gpu_id: int, host_id: int, profile_name: str,
-                 gpu: _GpuRow | _GpuRef | Gpu):
+                 gpu: _GpuRow | _GpuRef | Gpu, device_id: str = "", reported: str = ""):
         self.pk, self.vm_id, self.gpu_id, self.host_id = pk, vm_id, gpu_id, host_id
         self.profile, self.gpu = _Named(profile_name), gpu
+        self.device_id, self.reported = device_id.lower(), reported
 
 
 class _GpuRow:
@@ -297,6 +312,7 @@ class _Batch:
         self.gpu_samples: dict[tuple, tuple] = {}
         self.vgpu_samples: dict[tuple, tuple] = {}
         self.schedulers: dict[int, dict] = {}  # GPU pk -> its scheduler reading in this batch
+        self.devices: dict[int, str] = {}  # vGPU pk -> the device its agent reports, where it changed
         self.events: list = []  # audit events of the inventory rows discovery created or changed
         self.bound: dict[int, tuple[Agent, Host]] = {}  # agent pk -> the host its first report bound it to
         self.created_hosts: set[str] = set()
@@ -313,6 +329,7 @@ class _Batch:
             self._map(agent, report)
         self._write_samples()
         self._write_schedulers()
+        self._write_reported_devices()
         self._write_scheduler_write_flags()
         self._write_drifts()
 
@@ -354,11 +371,13 @@ class _Batch:
         vm_ids = {vm.pk for vm in self.vms_by_name.values()}
         if vm_ids:
             gpus_by_id = {gpu.pk: gpu for gpu in self.gpus.values()}
-            declared = Vgpu.objects.filter(vm_id__in=vm_ids).values_list("id", "vm_id", "gpu_id", "gpu__host_id",
-                                                                          "profile__name", "gpu__uuid")
-            for pk, vm_id, gpu_id, host_id, profile_name, gpu_uuid in declared:
+            declared = Vgpu.objects.filter(vm_id__in=vm_ids).values_list(
+                "id", "vm_id", "gpu_id", "gpu__host_id", "profile__name", "gpu__uuid", "device_id",
+                "reported_device_id")
+            for pk, vm_id, gpu_id, host_id, profile_name, gpu_uuid, device_id, reported in declared:
                 gpu = gpus_by_id.get(gpu_id) or _GpuRef(gpu_id, gpu_uuid)
-                self.vgpus_by_vm[vm_id].append(_VgpuRow(pk, vm_id, gpu_id, host_id, profile_name, gpu))
+                self.vgpus_by_vm[vm_id].append(_VgpuRow(pk, vm_id, gpu_id, host_id, profile_name, gpu, device_id,
+                                                        reported))
 
     def _load_pg(self, uuids: set[str], vm_uuids: set[uuid_lib.UUID]) -> None:
         """The batch's GPUs, VMs and declared vGPUs as plain rows, in at most four small queries.
@@ -398,14 +417,16 @@ class _Batch:
             # The GPU's host says whose agents may write the VM's series; its UUID names a GPU this
             # batch did not report in drifts.
             cursor.execute(
-                "SELECT v.id, v.vm_id, v.gpu_id, g.host_id, p.name, g.uuid FROM fleet_vgpu v "
+                "SELECT v.id, v.vm_id, v.gpu_id, g.host_id, p.name, g.uuid, v.device_id, v.reported_device_id "
+                "FROM fleet_vgpu v "
                 "JOIN fleet_vgpuprofile p ON p.id = v.profile_id JOIN fleet_gpu g ON g.id = v.gpu_id "
                 "WHERE v.vm_id = ANY(%s::bigint[]) ORDER BY v.gpu_id, v.placement_id", [list(vms)])
             declared = cursor.fetchall()
         gpus_by_id: dict[int, _GpuRow | Gpu] = {gpu.pk: gpu for gpu in self.gpus.values()}
-        for pk, vm_id, gpu_id, host_id, profile_name, gpu_uuid in declared:
+        for pk, vm_id, gpu_id, host_id, profile_name, gpu_uuid, device_id, reported in declared:
             gpu = gpus_by_id.get(gpu_id) or _GpuRef(gpu_id, gpu_uuid)
-            self.vgpus_by_vm[vm_id].append(_VgpuRow(pk, vm_id, gpu_id, host_id, profile_name, gpu))
+            self.vgpus_by_vm[vm_id].append(_VgpuRow(pk, vm_id, gpu_id, host_id, profile_name, gpu, device_id,
+                                                    reported))
 
     def _add_host(self, host: Host) -> None:
         self.hosts_by_id[host.pk] = host
@@ -738,7 +759,12 @@ class _Batch:
                        asdict(reading))
             vgpu = None
         else:
-            vgpu = self._declared(agent, vm, declared, reading, subject)
+            device = _device_key(reading.mdev_uuid)
+            # The agent names the device: that picks the vGPU among several of one profile on the GPU.
+            same = [v for v in declared if device and device in (v.device_id, v.reported)]
+            vgpu = self._declared(agent, vm, same or declared, reading, subject)
+            if device and device != vgpu.reported:
+                self.devices[vgpu.pk] = device
         self._vgpu_sample(vm, gpu.pk, vgpu, reading, ts)
 
     def _guest_vgpu(self, agent: Agent, report: Report, reading: VgpuReading, ts: datetime) -> None:
@@ -801,6 +827,17 @@ class _Batch:
         if changed:
             lock_rows(Gpu.objects.filter(pk__in=[gpu.pk for gpu in changed]))  # fleet.locks' order, as above
             Gpu.objects.bulk_update(changed, ["scheduler_reported", "scheduler_reported_at"])
+
+    def _write_reported_devices(self) -> None:
+        """Store the device each agent reports for a vGPU where it differs from the stored one (found
+        against the rows `_load` read): no query while nothing changes, so the time series does not
+        grow a column and the hot path pays nothing. After the GPUs (fleet.locks' order)."""
+        if not self.devices:
+            return
+        locked = lock_rows(Vgpu.objects.filter(pk__in=self.devices).only("pk"))
+        changed = [Vgpu(pk=row.pk, reported_device_id=self.devices[row.pk], reported_device_at=self.now)
+                   for row in locked]
+        Vgpu.objects.bulk_update(changed, ["reported_device_id", "reported_device_at"])
 
     def _write_scheduler_write_flags(self) -> None:
         """Store on each agent whether it accepts scheduler changes, as its report says: no query

@@ -123,10 +123,12 @@ class VgpuSerializer(ExpandableMixin, serializers.ModelSerializer):
 
     class Meta:
         model = Vgpu
-        fields = ["id", "vm", "gpu", "profile", "placement_id", "device_id"]
+        fields = ["id", "vm", "gpu", "profile", "placement_id", "device_id", "reported_device_id",
+                  "reported_device_at"]
         # device_id: the vGPU instance on the host (mdev UUID or VF address), written by
-        # hypervisor sync and operations, never through this resource.
-        read_only_fields = ["placement_id", "device_id"]
+        # hypervisor sync and operations, never through this resource. reported_device_*: the
+        # mdev UUID the host agent reads for it and when that last changed, written by ingest.
+        read_only_fields = ["placement_id", "device_id", "reported_device_id", "reported_device_at"]
 
     def create(self, validated_data):
         return services.place_vgpu(validated_data["vm"], validated_data["gpu"], validated_data["profile"])

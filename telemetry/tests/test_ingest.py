@@ -6,10 +6,12 @@ from __future__ import annotations
 from datetime import UTC, datetime
 
 import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 
 import telemetry.ingest as ingest_module
 from fleet import services
-from fleet.models import Gpu, GpuModel, Host
+from fleet.models import Gpu, GpuModel, Host, Vgpu
 from fleet.placement import PlacementError
 from fleet.tests.factories import GpuFactory, HostFactory, VirtualMachineFactory, profile
 from telemetry.ingest import PLACEHOLDER_CPU_THREADS, PLACEHOLDER_RAM_GIB, sample_time, store_reports
@@ -433,6 +435,61 @@ def test_vgpu_of_another_type_than_declared_is_a_profile_drift_resolved_when_it_
                           received_at=T0 + 10)
     assert stats.resolved_drifts == 1
     assert _open(DriftKind.PROFILE) == []
+
+
+MDEV = "5c3b2a19-8f7e-4d6c-b5a4-93827160f5e4"
+MDEV_NEW = "0a1b2c3d-4e5f-4a6b-8c7d-9e0f1a2b3c4d"
+
+
+def _queries_of(report_, at: float) -> int:
+    with CaptureQueriesContext(connection) as queries:
+        store_reports([report_], received_at=at)
+    return len(queries)
+
+
+def test_the_device_an_agent_reports_is_written_once_and_not_while_unchanged(world):
+    def lighting(collected_at: float, mdev_uuid: str | None):
+        reading = _lighting_reading(world, type_name="GRID L40S-12Q", mdev_uuid=mdev_uuid)
+        return world.agent, report("render-01", [gpu_reading(world.gpu.uuid, vgpus=[reading])], collected_at)
+
+    # An agent from before mdev_uuid: stored as ever, nothing of a device written.
+    old_agent = _queries_of(lighting(T0, None), T0)
+    world.vgpu.refresh_from_db()
+    assert (world.vgpu.reported_device_id, world.vgpu.reported_device_at) == ("", None)
+
+    first = _queries_of(lighting(T0 + 10, MDEV.upper()), T0 + 10)
+    world.vgpu.refresh_from_db()
+    assert world.vgpu.reported_device_id == MDEV  # in the hypervisor backends' spelling
+    assert world.vgpu.reported_device_at == datetime.fromtimestamp(T0 + 10, tz=UTC)
+    assert first == old_agent + 2  # lock and write the changed row
+
+    unchanged = _queries_of(lighting(T0 + 20, MDEV), T0 + 20)
+    missing = _queries_of(lighting(T0 + 30, None), T0 + 30)  # a failed read, or an older agent again
+    assert unchanged == missing == old_agent
+    world.vgpu.refresh_from_db()
+    assert (world.vgpu.reported_device_id, world.vgpu.reported_device_at) == (
+        MDEV, datetime.fromtimestamp(T0 + 10, tz=UTC)), "not written again while unchanged"
+    assert VgpuSample.objects.filter(vgpu=world.vgpu).count() == 4
+
+    _queries_of(lighting(T0 + 40, MDEV_NEW), T0 + 40)  # the device was recreated
+    world.vgpu.refresh_from_db()
+    assert (world.vgpu.reported_device_id, world.vgpu.reported_device_at) == (
+        MDEV_NEW, datetime.fromtimestamp(T0 + 40, tz=UTC))
+
+
+def test_the_reported_device_picks_the_vgpu_among_several_of_one_profile_on_a_gpu(world):
+    world.vgpu.device_id = MDEV
+    world.vgpu.save(update_fields=["device_id"])
+    second = Vgpu.objects.create(vm=world.lighting, gpu=world.gpu, profile=world.vgpu.profile, placement_id=2,
+                                 device_id=MDEV_NEW)
+    readings = [_lighting_reading(world, mdev_uuid=MDEV_NEW), _lighting_reading(world, mdev_uuid=MDEV)]
+
+    store_reports([(world.agent, report("render-01", [gpu_reading(world.gpu.uuid, vgpus=readings)]))],
+                  received_at=T0)
+
+    assert Vgpu.objects.get(pk=world.vgpu.pk).reported_device_id == MDEV
+    assert Vgpu.objects.get(pk=second.pk).reported_device_id == MDEV_NEW
+    assert not Drift.objects.exists()
 
 
 def test_guest_reading_is_stored_on_the_gpu_of_the_vms_declared_vgpu(world):
