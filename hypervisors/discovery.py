@@ -18,10 +18,12 @@ vGPU count, type or GPU are listed in `vgpu_notes` for the admin, since changing
 placing or removing vGPUs, which is an operation's work, not a sync's.
 
 The agent's readings (`TelemetryVgpu`: which GPUs a VM's vGPUs were read on lately) are joined
-where the inventory knows the VM. The agent reports per vGPU the NVML vGPU instance UUID, the
-VM's UUID and name and the type name, but telemetry stores only (VM, GPU, time) per reading, so
-the join is by VM and GPU: a vGPU read on a GPU where the hypervisor has no device of the VM is
-noted.
+where the inventory knows the VM. Telemetry stores (VM, GPU, time) per reading; where the agent
+also reports the vGPU's mdev UUID (kept on the inventory vGPU, `Vgpu.reported_device_id`), the
+join is by device id, which tells a device recreated on the same GPU from the one the hypervisor
+has: a reported device the domain does not hold, or holds on another GPU, is noted. Without a
+device id (older agents, SR-IOV vGPUs) the join is by VM and GPU: a vGPU read on a GPU where the
+hypervisor has no device of the VM is noted.
 """
 
 from __future__ import annotations
@@ -69,6 +71,8 @@ class InventoryVm:
 class TelemetryVgpu:
     gpu_bus_id: str
     last_seen: str  # ISO 8601
+    # The mdev UUIDs the agent reports for the VM's vGPUs on that GPU; empty: it reports none.
+    device_ids: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -161,9 +165,26 @@ def _pair_vgpus(devices: Sequence[VgpuDevice], vgpus: Sequence[InventoryVgpu], i
 
 
 def _telemetry_notes(readings: Iterable[TelemetryVgpu], devices: Sequence[VgpuDevice]) -> list[str]:
+    """Readings that disagree with the domain's devices: by device id where the agent reports one,
+    else by GPU."""
     on_host = {device.gpu_bus_id for device in devices}
-    return [f"the agent read a vGPU of this VM on GPU {reading.gpu_bus_id} at {reading.last_seen}, where the "
-            "hypervisor has none of its devices" for reading in readings if reading.gpu_bus_id not in on_host]
+    by_id = {device.id.lower(): device for device in devices}
+    notes = []
+    for reading in readings:
+        if not reading.device_ids:
+            if reading.gpu_bus_id not in on_host:
+                notes.append(f"the agent read a vGPU of this VM on GPU {reading.gpu_bus_id} at {reading.last_seen}, "
+                             "where the hypervisor has none of its devices")
+            continue
+        for device_id in reading.device_ids:
+            device = by_id.get(device_id.lower())
+            if device is None:
+                notes.append(f"the agent read device {device_id} of this VM on GPU {reading.gpu_bus_id} at "
+                             f"{reading.last_seen}, which the domain does not hold on the hypervisor")
+            elif device.gpu_bus_id != reading.gpu_bus_id:
+                notes.append(f"the agent read device {device_id} on GPU {reading.gpu_bus_id} at {reading.last_seen}; "
+                             f"the hypervisor has it on GPU {device.gpu_bus_id}")
+    return notes
 
 
 def _entry(kind: str, domain: Domain | None, vm: InventoryVm | None) -> dict:
@@ -190,7 +211,8 @@ def _compare(domain: Domain, vm: InventoryVm, inventory: HostInventory) -> dict:
     rows, notes, device_ids = _pair_vgpus(domain.vgpus, vm.vgpus, inventory)
     entry.update(vgpus=rows, vgpu_notes=notes, device_ids=device_ids)
     readings = inventory.telemetry.get(vm.uuid, ())
-    entry["telemetry"] = [{"gpu_bus_id": r.gpu_bus_id, "last_seen": r.last_seen} for r in readings]
+    entry["telemetry"] = [{"gpu_bus_id": r.gpu_bus_id, "last_seen": r.last_seen, "device_ids": list(r.device_ids)}
+                          for r in readings]
     entry["vgpu_notes"] += _telemetry_notes(readings, domain.vgpus)
     if vm.host is None:
         entry["notes"].append(f"the inventory has {vm.name} on no host (it holds no vGPU there)")

@@ -6,7 +6,9 @@ fixed number of queries) and answers one `Drift` per disagreement, worded for th
 acts on it, with the three views side by side and what to do. Why three views and not two: the
 third one tells which of the other two is wrong. A vGPU the hypervisor has on GPU X and the
 inventory on GPU Y is an out-of-date inventory when the agent reads it on X, and an old read of
-the hypervisor when the agent reads it on Y.
+the hypervisor when the agent reads it on Y. Where the agent reports a vGPU's mdev UUID
+(`Vgpu.reported_device_id`), devices are compared by id as well: the driver's word on which
+device runs.
 
 The hypervisor's view is its last successful read (`SyncReport`), never a live call: a page
 must not wait on a host. A read older than an operation that changed the VM is not compared
@@ -20,6 +22,7 @@ not report NVML's vGPU licence status, and no model stores it).
 
 from __future__ import annotations
 
+import uuid as uuid_lib
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -46,6 +49,7 @@ class Kind:
     ELSEWHERE = "elsewhere"
     AGENT_OLD_GPU = "agent_old_gpu"
     AGENT_OTHER_HOST = "agent_other_host"
+    AGENT_DEVICE = "agent_device"
     AGENT_SILENT = "agent_silent"
     IN_OPERATION = "in_operation"
     STALE_READ = "stale_read"
@@ -62,6 +66,7 @@ class Kind:
         (ELSEWHERE, "VM on another host"),
         (AGENT_OLD_GPU, "agent reports another GPU"),
         (AGENT_OTHER_HOST, "agent reports another host"),
+        (AGENT_DEVICE, "agent reports another device"),
         (AGENT_SILENT, "no telemetry"),
         (IN_OPERATION, "being changed by an operation"),
         (STALE_READ, "hypervisor read before the last change"),
@@ -106,10 +111,15 @@ class GpuRow:
 
 @dataclass(frozen=True)
 class VgpuRow:
+    """An inventory vGPU. `reported_device_id`: the mdev UUID the host agent last reported for it
+    ("" where none was), `reported_device_at` when that value last changed."""
+
     id: int
     gpu_id: int
     profile: str
     device_id: str = ""
+    reported_device_id: str = ""
+    reported_device_at: datetime | None = None
 
 
 @dataclass(frozen=True)
@@ -354,6 +364,8 @@ class _Vm:
     stale_by: OperationRow | None
     views: dict[str, str] = field(default_factory=dict)
     items: list[Drift] = field(default_factory=list)
+    # Inventory vGPU id -> the device of the hypervisor's last read it was paired with.
+    paired: dict[int, DeviceRow] = field(default_factory=dict)
 
     @property
     def host_id(self) -> int | None:
@@ -435,6 +447,7 @@ def _compare_devices(c: _Vm, domain: DomainRow, seen: set[int]) -> set[int]:
     world, vm = c.world, c.vm
     gpu_of = lambda d: world.gpu_by_bus.get((domain.host_id, d.gpu_bus_id))  # noqa: E731
     pairs, devices, vgpus = _pair(vm.vgpus, domain.devices, gpu_of)
+    c.paired = {vgpu.id: device for vgpu, device in pairs}
     on_hypervisor = {g for g in (gpu_of(d) for d in domain.devices) if g is not None}
     running = domain.state == "running"
     for vgpu, device in pairs:
@@ -577,8 +590,63 @@ def _compare_vm(world: _World, vm: VmRow, domains: list[DomainRow]) -> list[Drif
                                          "keeps reading the old device", host_id=gpu.host_id),
                   gpu_id=gpu_id)
 
+    _agent_device(c, seen, finished)
     _silent(c, own if hypervisor_known and stale_by is None else None, seen)
     return c.items
+
+
+def _is_uuid(text: str) -> bool:
+    try:
+        uuid_lib.UUID(text)
+    except ValueError:
+        return False
+    return True
+
+
+def _agent_device(c: _Vm, seen: set[int], finished: OperationRow | None) -> None:
+    """The agent reads a vGPU of the VM, on its inventory GPU, as another mdev than the device the
+    hypervisor's last read (where compared) and the inventory name. The mdev UUID comes from the
+    driver, so the agent is right about what runs now: the device was recreated by hand, or the
+    record is old, and an operation on the vGPU would look for a device that is not there.
+
+    Not compared: a vGPU the agent does not read lately (its report may be old), an expected
+    device that is no mdev (an SR-IOV VF address, vGPU 17+: the agent reports no mdev there), and
+    a report older than an operation that ended since (the operation may have replaced the device;
+    the next hypervisor read settles it)."""
+    world, vm = c.world, c.vm
+    for vgpu in vm.vgpus:
+        reported = vgpu.reported_device_id.lower()
+        if not reported or vgpu.gpu_id not in seen:
+            continue
+        if finished is not None and (vgpu.reported_device_at is None
+                                     or vgpu.reported_device_at < finished.finished_at):
+            continue
+        device = c.paired.get(vgpu.id)
+        on_hypervisor = device.device_id.lower() if device is not None else ""
+        recorded = vgpu.device_id.lower()
+        expected = on_hypervisor or recorded
+        if not expected or not _is_uuid(expected) or reported in (on_hypervisor, recorded):
+            continue
+        where = world.gpu_words(vgpu.gpu_id)
+        if on_hypervisor:
+            also = "" if recorded == on_hypervisor else (
+                f" and the inventory {recorded}" if recorded else " and the inventory none")
+            message = (f"The agent reads {vm.name}'s {vgpu.profile} on {where} as device {reported}; the "
+                       f"hypervisor's last read has {on_hypervisor}{also}: the device was recreated since, or the "
+                       "read is old.")
+            action = Action(Do.SYNC, "Read the hypervisor again (Compare on the host page), then apply its device "
+                                     "ids", host_id=vm.host_id)
+        else:
+            message = (f"The agent reads {vm.name}'s {vgpu.profile} on {where} as device {reported}; the "
+                       f"inventory records {recorded}: an operation on this vGPU would look for a device that is "
+                       "not there.")
+            host = world.hosts.get(vm.host_id)
+            action = (_sync(vm.host_id, "Sync and apply on the host page: it records the devices the hypervisor "
+                                        "has")
+                      if host is not None and host.linked else
+                      Action(Do.FIX_INVENTORY, "Link the host to its hypervisor and sync it, so the inventory "
+                                               "records the device that exists", host_id=vm.host_id))
+        c.add(Kind.AGENT_DEVICE, Severity.WARNING, message, action, gpu_id=vgpu.gpu_id)
 
 
 def _silent(c: _Vm, domain: DomainRow | None, seen: set[int]) -> None:

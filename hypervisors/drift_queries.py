@@ -66,7 +66,8 @@ def drift_snapshot(now: datetime | None = None) -> drift.Snapshot:
                  .values_list("id", "host_id", "pci_bus_id"))
     vgpus: dict[int, list[drift.VgpuRow]] = {}
     for vm_id, *row in (Vgpu.objects.order_by("vm_id", "gpu_id", "placement_id", "id")
-                        .values_list("vm_id", "id", "gpu_id", "profile__name", "device_id")):
+                        .values_list("vm_id", "id", "gpu_id", "profile__name", "device_id", "reported_device_id",
+                                     "reported_device_at")):
         vgpus.setdefault(vm_id, []).append(drift.VgpuRow(*row))
     vms = tuple(drift.VmRow(pk, str(uuid), name, host_id, tuple(vgpus.get(pk, ())), pk in agent_vms)
                 for pk, uuid, name, host_id in VirtualMachine.objects.order_by("name", "id")

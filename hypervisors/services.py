@@ -99,16 +99,23 @@ def host_inventory(host: Host, domains: list[Domain]) -> discovery.HostInventory
                .select_related("host").order_by("name"))
     vgpus = Vgpu.objects.filter(vm__in=vms).select_related("profile", "gpu").order_by("vm_id", "gpu__pci_bus_id")
     by_vm: dict[int, list[discovery.InventoryVgpu]] = {}
+    # The devices the agents report, per VM and GPU: ingest keeps a report on the vGPU it read on
+    # that GPU, so they join the readings of that GPU.
+    reported: dict[tuple[int, str], list[str]] = {}
     for vgpu in vgpus:
         by_vm.setdefault(vgpu.vm_id, []).append(
             discovery.InventoryVgpu(vgpu.pk, vgpu.profile.name, vgpu.gpu.pci_bus_id, vgpu.device_id))
+        if vgpu.reported_device_id:
+            reported.setdefault((vgpu.vm_id, vgpu.gpu.pci_bus_id), []).append(vgpu.reported_device_id)
     model_profiles: dict[int, list[str]] = {}
     for name, model_id in VgpuProfile.objects.order_by("name").values_list("name", "gpu_model_id"):
         model_profiles.setdefault(model_id, []).append(name)
     gpu_profiles = {bus: tuple(model_profiles.get(model_id, ()))
                     for bus, model_id in Gpu.objects.filter(host=host).values_list("pci_bus_id", "gpu_model_id")}
     readings = recent_vgpu_gpus([vm.pk for vm in vms], since=timezone.now() - TELEMETRY_WINDOW)
-    telemetry = {str(vm.uuid): tuple(discovery.TelemetryVgpu(bus, seen.isoformat()) for bus, seen in readings[vm.pk])
+    telemetry = {str(vm.uuid): tuple(discovery.TelemetryVgpu(bus, seen.isoformat(),
+                                                             tuple(reported.get((vm.pk, bus), ())))
+                                     for bus, seen in readings[vm.pk])
                  for vm in vms if vm.pk in readings}
     return discovery.HostInventory(
         name=host.name,

@@ -43,6 +43,19 @@ def test_placing_a_vgpu_returns_its_slot_and_moves_the_vm_to_the_host(admin_api,
     assert admin_api.get(f"/api/v1/gpus/{gpu.pk}/").json()["used_fb_mib"] == 24576
 
 
+def test_the_device_the_agent_reports_is_shown_and_never_written_through_the_api(admin_api, gpu):
+    vgpu = services.place_vgpu(VirtualMachineFactory(name="ws-model-01"), gpu, profile("RTX6000-12Q"))
+    Vgpu.objects.filter(pk=vgpu.pk).update(reported_device_id="5c3b2a19-8f7e-4d6c-b5a4-93827160f5e4")
+
+    placed = place(admin_api, VirtualMachineFactory(), gpu, "RTX6000-12Q").json()
+    shown = admin_api.get(f"/api/v1/vgpus/{vgpu.pk}/").json()
+
+    assert shown["reported_device_id"] == "5c3b2a19-8f7e-4d6c-b5a4-93827160f5e4"
+    assert (placed["reported_device_id"], placed["reported_device_at"]) == ("", None)
+    admin_api.patch(f"/api/v1/vgpus/{vgpu.pk}/", {"reported_device_id": "forged"}, format="json")
+    assert Vgpu.objects.get(pk=vgpu.pk).reported_device_id == "5c3b2a19-8f7e-4d6c-b5a4-93827160f5e4"
+
+
 def test_refusal_names_the_rule_and_the_numbers_and_writes_nothing(admin_api, gpu):
     for _ in range(2):
         services.place_vgpu(VirtualMachineFactory(), gpu, profile("RTX6000-8Q"))

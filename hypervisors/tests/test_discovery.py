@@ -80,8 +80,37 @@ def test_a_vm_the_inventory_has_elsewhere_is_left_to_the_admin():
 def test_the_agents_readings_are_joined():
     readings = {UUID_1: (TelemetryVgpu(BUS_B, "2026-11-26T07:00:00+00:00"),)}
     [entry] = diff_host([domain()], inventory(vm(), telemetry=readings))["entries"]
-    assert entry["telemetry"] == [{"gpu_bus_id": BUS_B, "last_seen": "2026-11-26T07:00:00+00:00"}]
+    assert entry["telemetry"] == [{"gpu_bus_id": BUS_B, "last_seen": "2026-11-26T07:00:00+00:00", "device_ids": []}]
     assert f"the agent read a vGPU of this VM on GPU {BUS_B}" in entry["vgpu_notes"][0]
+
+
+SEEN = "2026-11-26T07:00:00+00:00"
+DEV_2 = "bbbbbbbb-0000-4000-8000-000000000002"
+
+
+def test_readings_with_the_device_the_domain_holds_join_by_device_id():
+    readings = {UUID_1: (TelemetryVgpu(BUS_A, SEEN, (DEV_1.upper(),)),)}
+    [entry] = diff_host([domain()], inventory(vm(), telemetry=readings))["entries"]
+    assert entry["kind"] == "same"
+    assert entry["telemetry"] == [{"gpu_bus_id": BUS_A, "last_seen": SEEN, "device_ids": [DEV_1.upper()]}]
+
+
+def test_a_device_recreated_on_the_same_gpu_is_noted_where_the_gpu_join_sees_nothing():
+    readings = {UUID_1: (TelemetryVgpu(BUS_A, SEEN, (DEV_2,)),)}
+    [entry] = diff_host([domain()], inventory(vm(), telemetry=readings))["entries"]
+    assert entry["kind"] == "changed"
+    assert entry["vgpu_notes"] == [f"the agent read device {DEV_2} of this VM on GPU {BUS_A} at {SEEN}, which the "
+                                   "domain does not hold on the hypervisor"]
+    # The same reading without a device id: the GPU matches, nothing to note.
+    no_id = {UUID_1: (TelemetryVgpu(BUS_A, SEEN),)}
+    assert diff_host([domain()], inventory(vm(), telemetry=no_id))["entries"][0]["kind"] == "same"
+
+
+def test_a_reported_device_the_hypervisor_has_on_another_gpu_is_noted():
+    readings = {UUID_1: (TelemetryVgpu(BUS_B, SEEN, (DEV_1,)),)}
+    [entry] = diff_host([domain()], inventory(vm(), telemetry=readings))["entries"]
+    assert entry["vgpu_notes"] == [f"the agent read device {DEV_1} on GPU {BUS_B} at {SEEN}; the hypervisor has it "
+                                   f"on GPU {BUS_A}"]
 
 
 def test_entries_come_new_changed_gone_then_same():

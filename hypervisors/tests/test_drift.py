@@ -149,6 +149,53 @@ def test_profile_and_device_id_differences():
     assert (item.kind, item.severity, item.action.code) == (Kind.DEVICE_ID, Severity.INFO, Do.SYNC_AND_APPLY)
 
 
+MDEV_NEW = "bbbbbbbb-0000-4000-8000-000000000002"
+
+
+def reporting(device: str, at: datetime = READ_AT, **fields) -> VmRow:
+    """ws-a with the agent reporting its vGPU as mdev `device` since `at`."""
+    return replace(VM, vgpus=(VgpuRow(1000, GPU_A.id, "L40S-12Q", DEV_A, device, at, **fields),))
+
+
+def test_agent_reporting_the_device_the_others_have_is_no_drift():
+    assert find_drift(world(vms=(reporting(DEV_A.upper()),))) == []
+
+
+def test_agent_reporting_another_device_than_the_hypervisors_last_read():
+    item = only(world(vms=(reporting(MDEV_NEW),)))
+    assert (item.kind, item.severity, item.gpu_id) == (Kind.AGENT_DEVICE, Severity.WARNING, GPU_A.id)
+    assert item.kind_label == "agent reports another device"
+    assert item.message == (f"The agent reads ws-a's L40S-12Q on GPU {BUS_A} of node-01 as device {MDEV_NEW}; the "
+                            f"hypervisor's last read has {DEV_A}: the device was recreated since, or the read is old.")
+    assert item.action == Action(Do.SYNC, "Read the hypervisor again (Compare on the host page), then apply its "
+                                          "device ids", host_id=1)
+
+
+def test_agent_reporting_another_device_than_the_inventory_of_an_unlinked_host():
+    unlinked = replace(NODE1, linked=False, read_at=None)
+    item = only(world(hosts=(unlinked, NODE2), domains=(), vms=(reporting(MDEV_NEW),)))
+    assert item.kind == Kind.AGENT_DEVICE
+    assert item.message == (f"The agent reads ws-a's L40S-12Q on GPU {BUS_A} of node-01 as device {MDEV_NEW}; the "
+                            f"inventory records {DEV_A}: an operation on this vGPU would look for a device that is "
+                            "not there.")
+    assert item.action.code == Do.FIX_INVENTORY
+
+
+def test_agent_device_is_not_compared_where_it_cannot_be_trusted_or_has_nothing_to_match():
+    # The agent reads nothing of the vGPU lately: its stored report may be old.
+    assert find_drift(world(vms=(reporting(MDEV_NEW),), readings=(), hosts=(replace(NODE1, has_agent=False),
+                                                                            NODE2))) == []
+    # An SR-IOV vGPU: the inventory's device is a VF address, no mdev to compare with.
+    sriov = replace(VM, vgpus=(VgpuRow(1000, GPU_A.id, "L40S-12Q", "0000:3b:00.4", MDEV_NEW, READ_AT),))
+    vf = replace(DOMAIN, devices=(DeviceRow("0000:3b:00.4", BUS_A, "L40S-12Q"),))
+    assert find_drift(world(vms=(sriov,), domains=(vf,))) == []
+    # Reported before an operation that ended since: the operation may have replaced the device.
+    done = OperationRow(7, VM.id, "succeeded", READ_AT - timedelta(minutes=1), (1, 1))
+    early = reporting(MDEV_NEW, at=READ_AT - timedelta(minutes=3))
+    assert find_drift(world(vms=(early,), operations=(done,))) == []
+    assert only(world(vms=(reporting(MDEV_NEW),), operations=(done,))).kind == Kind.AGENT_DEVICE
+
+
 def test_vm_missing_on_its_hypervisor():
     item = only(world(domains=(), readings=()))
     assert item.kind == Kind.MISSING_DOMAIN

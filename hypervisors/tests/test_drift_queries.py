@@ -2,6 +2,8 @@
 agent stores and operations under way, read back through `drift_queries.fleet_drift` as the page
 and the API read it; and its query count, which does not grow with the fleet."""
 
+import json
+import time
 from datetime import timedelta
 
 import pytest
@@ -11,10 +13,15 @@ from fleet import services as fleet_services
 from fleet.models import Vgpu
 from fleet.tests.factories import GpuFactory, HostFactory, VirtualMachineFactory, profile
 from hypervisors import services, sim_seed
+from hypervisors.backends import sim
 from hypervisors.drift import Do, Kind, Severity
 from hypervisors.drift_queries import drift_snapshot, fleet_drift
 from hypervisors.models import Operation
+from telemetry.agent.sim_backend import SimBackend
+from telemetry.demo import host_scenario
+from telemetry.ingest import store_reports
 from telemetry.models import Agent, GpuSample, VgpuSample
+from telemetry.payload import parse_agent_payload
 
 
 def kinds(items) -> list[tuple[str, str]]:
@@ -95,6 +102,42 @@ def test_the_agent_still_reporting_the_old_gpu_and_a_silent_vm(linked):
     assert "the inventory and the hypervisor have it on 00000000:3B:00.0" in old.message
     silent = next(i for i in items if i.kind == Kind.AGENT_SILENT)
     assert silent.telemetry.startswith("no reading in the last")
+
+
+@pytest.mark.django_db
+def test_a_device_recreated_by_hand_shows_as_the_device_the_agent_reports(linked):
+    """The demo's agent follows the simulated hypervisor and reports each vGPU's mdev UUID; ingest
+    keeps it on the vGPU, and drift names the device the driver runs against the one last read."""
+    read(linked)
+    agent = Agent.objects.create(name="node-01-agent", url="http://node-01:9410", host=linked.host)
+    backend = SimBackend(host_scenario(linked.host))
+
+    def poll():
+        now = time.time()
+        body = {"agent": {"version": "1", "hostname": "node-01", "backend": "sim"}, "collected_at": now,
+                "gpus": backend.collect(now)}
+        store_reports([(agent, parse_agent_payload(json.dumps(body)))], received_at=now)
+
+    poll()
+    recorded = Vgpu.objects.get(vm=linked.vm_a)
+    assert recorded.reported_device_id == recorded.device_id != ""
+    assert fleet_drift() == []
+
+    vm = str(linked.vm_a.uuid)  # by hand on the host: ws-a's device removed and made again
+    linked.sim.shutdown(vm, timeout_s=5)
+    old = linked.sim.domain(vm).vgpus[0]
+    linked.sim.redefine(vm, sim.DomainSpec(vcpus=8, ram_mib=32768, vgpus=()))
+    linked.sim.remove_vgpu(old)
+    new = linked.sim.create_vgpu(linked.gpu_a.pci_bus_id, sim_seed.type_name_for("RTX6000-12Q"))
+    linked.sim.redefine(vm, sim.DomainSpec(vcpus=8, ram_mib=32768, vgpus=(new,)))
+    linked.sim.start(vm)
+    poll()
+
+    assert Vgpu.objects.get(vm=linked.vm_a).reported_device_id == new.id
+    (item,) = fleet_drift()
+    assert (item.kind, item.vm_name, item.gpu_id) == (Kind.AGENT_DEVICE, "ws-a", linked.gpu_a.pk)
+    assert f"as device {new.id}; the hypervisor's last read has {old.id}" in item.message
+    assert item.action.code == Do.SYNC
 
 
 @pytest.mark.django_db

@@ -2,11 +2,13 @@
 change a host behind the product's back, read, compared and applied through the real API."""
 
 import pytest
+from django.utils import timezone
 
 from fleet.models import AuditEvent, Vgpu, VirtualMachine
 from fleet.tests.factories import VirtualMachineFactory, profile
 from hypervisors.models import SyncReport
 from hypervisors.tests.fixtures import BUS_A, BUS_B
+from telemetry.models import VgpuSample
 
 pytestmark = pytest.mark.django_db
 
@@ -157,6 +159,20 @@ def test_device_ids_are_filled_in_and_a_moved_device_is_noted(admin_api, linked)
     sync(admin_api, linked.host, {"apply": [str(linked.vm_a.uuid)]})
     assert Vgpu.objects.get(vm=linked.vm_a).device_id == row["device_id"]
     assert AuditEvent.objects.filter(action="vgpu.device").exists()
+
+
+def test_the_device_the_agent_reads_joins_the_readings_by_device_id(admin_api, linked):
+    recreated = "5c3b2a19-8f7e-4d6c-b5a4-93827160f5e4"  # the agent reads ws-a's vGPU as another mdev
+    Vgpu.objects.filter(vm=linked.vm_a).update(reported_device_id=recreated)
+    VgpuSample.objects.create(vm=linked.vm_a, gpu=linked.gpu_a, ts=timezone.now(), util_gpu=20)
+
+    changed = entry(sync(admin_api, linked.host), "ws-a")
+
+    assert changed["kind"] == "changed"
+    assert changed["telemetry"][0]["device_ids"] == [recreated]
+    assert changed["vgpu_notes"] == [f"the agent read device {recreated} of this VM on GPU {BUS_A} at "
+                                     f"{changed['telemetry'][0]['last_seen']}, which the domain does not hold on "
+                                     "the hypervisor"]
 
 
 def test_a_domain_renamed_on_the_host_is_matched_by_uuid(admin_api, linked):
