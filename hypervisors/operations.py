@@ -710,9 +710,3 @@ def _undo_on_hypervisor(current: Run) -> None:
     if op.before.get("was_running") and backend.domain(current.uuid).state != PowerState.RUNNING:
         backend.start(current.uuid)
 
-
-# Reading -----------------------------------------------------------------------------------------
-
-
-def active_for_vm(vm_id: int) -> Operation | None:
-    return Operation.objects.filter(vm_id=vm_id, status__in=ACTIVE).first()
