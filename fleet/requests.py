@@ -168,16 +168,27 @@ def _place_all(request: ResizeRequest) -> list[Vgpu]:
     impact = _impact(fleet_snapshot(), request)
     if impact.fits == fit.NOWHERE:
         raise services.FleetConflict([Violation(placement.Rule.PLACEMENT_SLOT, _no_room(request, impact))])
-    # services.remove_vgpu / place_vgpu record vgpu.remove / vgpu.place themselves, and check
-    # every rule again: a disagreement with the answer above is refused, never written.
-    services.remove_vgpus(Vgpu.objects.filter(vm=request.vm).order_by("pk"))
-    vm = VirtualMachine.objects.get(pk=request.vm_id)
-    gpus = Gpu.objects.select_related("host", "gpu_model").in_bulk(impact.gpu_ids)
+    return _replace_vgpus(request.vm_id, [(gpu_id, request.requested_profile_id, "") for gpu_id in impact.gpu_ids])
+
+
+def _replace_vgpus(vm_id: int, placements: list[tuple[int, int, str]]) -> list[Vgpu]:
+    """Remove the VM's vGPUs, then place one vGPU per (GPU id, profile id, device id) in order;
+    a placement refused is a FleetConflict naming why.
+
+    services.remove_vgpus / place_vgpu record vgpu.remove / vgpu.place themselves, and check every
+    rule again: a disagreement with what the caller decided is refused, never written."""
+    services.remove_vgpus(Vgpu.objects.filter(vm_id=vm_id).order_by("pk"))
+    vm = VirtualMachine.objects.get(pk=vm_id)
+    gpus = Gpu.objects.select_related("host", "gpu_model").in_bulk([gpu_id for gpu_id, _, _ in placements])
+    profiles = VgpuProfile.objects.select_related("gpu_model").in_bulk([profile for _, profile, _ in placements])
     placed = []
     try:
-        for gpu_id in impact.gpu_ids:
-            placed.append(services.place_vgpu(vm, gpus[gpu_id], request.requested_profile))
-            vm = placed[-1].vm
+        for gpu_id, profile_id, device_id in placements:
+            vgpu = services.place_vgpu(vm, gpus[gpu_id], profiles[profile_id])
+            if device_id:
+                Vgpu.objects.filter(pk=vgpu.pk).update(device_id=device_id)
+            placed.append(vgpu)
+            vm = vgpu.vm
     except services.FleetConflict:
         raise
     except PlacementError as exc:
@@ -306,21 +317,7 @@ def revert_approval(request: ResizeRequest, before: list[dict], reason: str) -> 
 
 def restore_vgpus(vm: VirtualMachine, rows: list[dict]) -> list[Vgpu]:
     """Replace the VM's vGPUs with `rows` (from `vgpu_rows`), each checked by placement again."""
-    services.remove_vgpus(Vgpu.objects.filter(vm=vm).order_by("pk"))
-    vm = VirtualMachine.objects.get(pk=vm.pk)
-    gpus = Gpu.objects.select_related("host", "gpu_model").in_bulk([row["gpu_id"] for row in rows])
-    profiles = VgpuProfile.objects.in_bulk([row["profile_id"] for row in rows])
-    restored = []
-    for row in rows:
-        try:
-            vgpu = services.place_vgpu(vm, gpus[row["gpu_id"]], profiles[row["profile_id"]])
-        except PlacementError as exc:
-            raise services.FleetConflict(exc.violations) from exc
-        if row.get("device_id"):
-            Vgpu.objects.filter(pk=vgpu.pk).update(device_id=row["device_id"])
-        restored.append(vgpu)
-        vm = vgpu.vm
-    return restored
+    return _replace_vgpus(vm.pk, [(row["gpu_id"], row["profile_id"], row.get("device_id") or "") for row in rows])
 
 
 def _decide(request: ResizeRequest, user, status: str, verb: str, comment: str) -> ResizeRequest:
