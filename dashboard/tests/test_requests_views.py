@@ -7,7 +7,7 @@ from django.test import Client
 
 from fleet import request_preview, services
 from fleet.choices import ResizeStatus
-from fleet.models import Notification, ResizeRequest, Vgpu
+from fleet.models import Host, Notification, ResizeRequest, Vgpu
 from fleet.tests.factories import GpuFactory, VirtualMachineFactory, profile
 from sizing.models import OptimizerRun, SuggestionAction
 from sizing.suggestions import accept_suggestion
@@ -141,9 +141,13 @@ def test_queue_shows_conflicts_and_where_nothing_fits(fleet_world, admin_user):
 
 def test_a_request_that_fits_if_another_vm_moves_says_so_with_the_plan_one_click_away(fleet_world, admin_user):
     """Ana's 12Q shares host-a's GPU with a filler; host-b's GPU has a free 12Q slot: 24Q for Ana
-    fits nowhere as the fleet stands, and on host-a's GPU once the filler moves to host-b."""
+    fits nowhere as the fleet stands, and on host-a's GPU once the filler moves to host-b. Host-a
+    has threads for Ana and the filler only, so Bob moving there instead (Ana then taking host-b's
+    GPU: as few moves) is not a plan, and the answer does not hang on how far a timed search got."""
     request = ResizeRequest.objects.create(vm=fleet_world.vm_a, requested_profile=profile("RTX6000-24Q"), reason="x")
-    services.place_vgpu(VirtualMachineFactory(name="ws-filler"), fleet_world.gpu_a, fleet_world.profile_12q)
+    filler = VirtualMachineFactory(name="ws-filler")
+    services.place_vgpu(filler, fleet_world.gpu_a, fleet_world.profile_12q)
+    Host.objects.filter(pk=fleet_world.host_a.pk).update(cpu_threads=fleet_world.vm_a.vcpus + filler.vcpus)
     admin = _client(admin_user)
     fragment = admin.get(f"/requests/{request.pk}/room/").content.decode()
     assert 'data-room="1"' in fragment
