@@ -7,7 +7,7 @@ from django.test import Client
 
 from fleet import request_preview, services
 from fleet.choices import ResizeStatus
-from fleet.models import Host, Notification, ResizeRequest, Vgpu
+from fleet.models import Host, Notification, ResizeRequest, Vgpu, VirtualMachine
 from fleet.tests.factories import GpuFactory, VirtualMachineFactory, profile
 from sizing.models import OptimizerRun, SuggestionAction
 from sizing.suggestions import accept_suggestion
@@ -142,12 +142,14 @@ def test_queue_shows_conflicts_and_where_nothing_fits(fleet_world, admin_user):
 def test_a_request_that_fits_if_another_vm_moves_says_so_with_the_plan_one_click_away(fleet_world, admin_user):
     """Ana's 12Q shares host-a's GPU with a filler; host-b's GPU has a free 12Q slot: 24Q for Ana
     fits nowhere as the fleet stands, and on host-a's GPU once the filler moves to host-b. Host-a
-    has threads for Ana and the filler only, so Bob moving there instead (Ana then taking host-b's
-    GPU: as few moves) is not a plan, and the answer does not hang on how far a timed search got."""
+    has threads for Ana and the filler only, and Bob's VM needs more than Ana's, so Bob moving
+    there instead (Ana then taking host-b's GPU: as few moves) is not a plan, and the answer does
+    not hang on how far a timed search got."""
     request = ResizeRequest.objects.create(vm=fleet_world.vm_a, requested_profile=profile("RTX6000-24Q"), reason="x")
     filler = VirtualMachineFactory(name="ws-filler")
     services.place_vgpu(filler, fleet_world.gpu_a, fleet_world.profile_12q)
     Host.objects.filter(pk=fleet_world.host_a.pk).update(cpu_threads=fleet_world.vm_a.vcpus + filler.vcpus)
+    VirtualMachine.objects.filter(pk=fleet_world.vm_b.pk).update(vcpus=fleet_world.vm_a.vcpus + 4)
     admin = _client(admin_user)
     fragment = admin.get(f"/requests/{request.pk}/room/").content.decode()
     assert 'data-room="1"' in fragment
