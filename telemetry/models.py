@@ -164,6 +164,9 @@ class GpuSample(models.Model):
     temp_c = models.FloatField(null=True)
     power_w = models.FloatField(null=True)
     sm_clock_mhz = models.FloatField(null=True)
+    # NVML's clocks event (throttle) reasons bitmask, so "throttled for M minutes" is read back
+    # from the series (telemetry.payload.THROTTLE_FLAGS names the bits).
+    clocks_event_reasons = models.BigIntegerField(null=True)
 
     class Meta:
         ordering = ["gpu_id", "ts"]
@@ -318,3 +321,101 @@ class Drift(models.Model):
 
     def __str__(self):
         return f"{self.get_kind_display()}: {self.subject}"
+
+
+# -- health (issue 19) --------------------------------------------------------------------------
+# State rows hold the latest reading and are written only when it changes (telemetry.ingest), so
+# a healthy fleet costs the hot path one read per batch; `changed_at` is when it last changed.
+# A field NULL is "not told": `unsupported` names the fields the GPU or driver does not support.
+
+
+class HostDriverState(models.Model):
+    """The NVIDIA software a host's agent reports: driver, vGPU manager, NVML, CUDA."""
+
+    host = models.OneToOneField(Host, primary_key=True, on_delete=models.CASCADE, related_name="driver_state")
+    driver_version = models.CharField(max_length=40, null=True)
+    vgpu_manager_version = models.CharField("vGPU manager version", max_length=40, null=True)
+    nvml_version = models.CharField("NVML version", max_length=40, null=True)
+    cuda_driver_version = models.PositiveIntegerField("CUDA driver version", null=True)
+    unsupported = models.JSONField(default=list)
+    changed_at = models.DateTimeField()
+
+    def __str__(self):
+        return f"{self.host_id}: driver {self.driver_version or '?'}"
+
+
+class GpuHealthState(models.Model):
+    """A physical GPU's latest health reading (telemetry.payload.GpuHealth, without its events)."""
+
+    gpu = models.OneToOneField(Gpu, primary_key=True, on_delete=models.CASCADE, related_name="health_state")
+    ecc_mode = models.CharField("ECC mode", max_length=10, null=True)
+    ecc_corrected_volatile = models.BigIntegerField(null=True)
+    ecc_uncorrected_volatile = models.BigIntegerField(null=True)
+    ecc_corrected_aggregate = models.BigIntegerField(null=True)
+    ecc_uncorrected_aggregate = models.BigIntegerField(null=True)
+    retired_pages_sbe = models.BigIntegerField(null=True)
+    retired_pages_dbe = models.BigIntegerField(null=True)
+    retired_pages_pending = models.BooleanField(null=True)
+    remapped_rows_correctable = models.BigIntegerField(null=True)
+    remapped_rows_uncorrectable = models.BigIntegerField(null=True)
+    remapped_rows_pending = models.BooleanField(null=True)
+    remapped_rows_failure = models.BooleanField(null=True)
+    throttle_reasons = models.JSONField(null=True)
+    pcie_replay_counter = models.BigIntegerField("PCIe replay counter", null=True)
+    fan_speed_pct = models.FloatField(null=True)
+    temp_slowdown_c = models.FloatField(null=True)
+    temp_shutdown_c = models.FloatField(null=True)
+    power_limit_w = models.FloatField(null=True)
+    performance_state = models.CharField(max_length=8, null=True)
+    unsupported = models.JSONField(default=list)
+    changed_at = models.DateTimeField()
+
+    def __str__(self):
+        return f"GPU {self.gpu_id} health"
+
+
+class VgpuHealthState(models.Model):
+    """One running vGPU's licence and guest, as NVML on its host reports them.
+
+    Keyed like the samples, per VM and GPU; a row goes when the host's agent no longer reports
+    that vGPU (the VM stopped or moved), so the rows are the vGPUs running now.
+    """
+
+    vm = models.ForeignKey(VirtualMachine, on_delete=models.CASCADE, related_name="vgpu_health")
+    gpu = models.ForeignKey(Gpu, on_delete=models.CASCADE, related_name="vgpu_health")
+    vgpu = models.ForeignKey(Vgpu, null=True, blank=True, on_delete=models.SET_NULL, related_name="health_states")
+    type_name = models.CharField(max_length=60, null=True)
+    license_state = models.CharField(max_length=12, null=True)
+    license_expiry = models.DateTimeField(null=True)
+    guest_driver_version = models.CharField(max_length=40, null=True)
+    frame_rate_limit = models.PositiveIntegerField(null=True)
+    encoder_sessions = models.PositiveIntegerField(null=True)
+    guest_info_state = models.CharField(max_length=16, null=True)
+    unsupported = models.JSONField(default=list)
+    changed_at = models.DateTimeField()
+
+    class Meta:
+        ordering = ["vm_id", "gpu_id"]
+        constraints = [models.UniqueConstraint(fields=["vm", "gpu"], name="vgpuhealth_unique_vm_gpu")]
+        indexes = [models.Index(fields=["license_state"], name="vgpuhealth_license_idx")]
+
+    def __str__(self):
+        return f"VM {self.vm_id} on GPU {self.gpu_id}: {self.license_state or 'licence unknown'}"
+
+
+class XidError(models.Model):
+    """A critical XID error a GPU's driver raised (code and time by the agent's clock)."""
+
+    id = models.BigAutoField(primary_key=True)
+    gpu = models.ForeignKey(Gpu, on_delete=models.CASCADE, related_name="xid_errors")
+    code = models.PositiveIntegerField()
+    at = models.DateTimeField()
+    received_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["-at"]
+        constraints = [models.UniqueConstraint(fields=["gpu", "code", "at"], name="xiderror_unique_gpu_code_at")]
+        indexes = [models.Index(fields=["received_at"], name="xiderror_received_idx")]
+
+    def __str__(self):
+        return f"XID {self.code} on GPU {self.gpu_id} at {self.at:%Y-%m-%d %H:%M:%S}"

@@ -47,6 +47,102 @@ class PayloadError(ValueError):
     """A report that cannot be accepted; the message names the offending path and value."""
 
 
+# Named flags of NVML's clocks event (throttle) reason bitmask, nvmlClocksEventReason*.
+THROTTLE_FLAGS = {
+    0x1: "gpu_idle",
+    0x2: "applications_clocks_setting",
+    0x4: "sw_power_cap",
+    0x8: "hw_slowdown",
+    0x10: "sync_boost",
+    0x20: "sw_thermal_slowdown",
+    0x40: "hw_thermal_slowdown",
+    0x80: "hw_power_brake_slowdown",
+    0x100: "display_clock_setting",
+}
+THROTTLE_NAMES = frozenset(THROTTLE_FLAGS.values())
+# The flags that mean the GPU is held back by heat or power, not by choice or idleness.
+THERMAL_THROTTLES = frozenset({"sw_thermal_slowdown", "hw_thermal_slowdown", "hw_slowdown"})
+POWER_THROTTLES = frozenset({"sw_power_cap", "hw_power_brake_slowdown"})
+
+LICENSE_STATES = ("licensed", "unlicensed")
+GUEST_INFO_STATES = ("initialized", "uninitialized")
+ECC_MODES = ("enabled", "disabled")
+MAX_COUNT = 2**62  # an error or replay counter; beyond it the sender is broken
+MAX_XID_EVENTS = 1000  # per GPU and report; a storm beyond it is cut, and says so in the count
+
+
+def throttle_names(mask: int) -> list[str]:
+    """The named flags set in a clocks event reasons bitmask, lowest bit first."""
+    return [name for bit, name in THROTTLE_FLAGS.items() if mask & bit]
+
+
+@dataclass(slots=True)
+class XidEvent:
+    """One critical XID error the driver raised on a GPU: its code and when (Unix seconds)."""
+
+    code: int
+    at: float
+
+
+@dataclass(slots=True)
+class GpuHealth:
+    """What a GPU says about its health. None: the source does not tell, or the GPU does not
+    support it; the names of fields the GPU does not support are in `unsupported`."""
+
+    ecc_mode: str | None = None
+    ecc_corrected_volatile: int | None = None
+    ecc_uncorrected_volatile: int | None = None
+    ecc_corrected_aggregate: int | None = None
+    ecc_uncorrected_aggregate: int | None = None
+    retired_pages_sbe: int | None = None
+    retired_pages_dbe: int | None = None
+    retired_pages_pending: bool | None = None
+    remapped_rows_correctable: int | None = None
+    remapped_rows_uncorrectable: int | None = None
+    remapped_rows_pending: bool | None = None
+    remapped_rows_failure: bool | None = None
+    throttle_reasons: list[str] | None = None
+    pcie_replay_counter: int | None = None
+    fan_speed_pct: float | None = None
+    temp_slowdown_c: float | None = None
+    temp_shutdown_c: float | None = None
+    power_limit_w: float | None = None
+    performance_state: str | None = None
+    xid_events: list[XidEvent] = field(default_factory=list)
+    unsupported: list[str] = field(default_factory=list)
+
+
+# GpuHealth's state fields (everything but the events), in order: what the inventory stores.
+GPU_HEALTH_FIELDS = tuple(name for name in GpuHealth.__slots__ if name != "xid_events")
+
+
+@dataclass(slots=True)
+class VgpuHealth:
+    """What NVML says of one vGPU instance's licence and guest (nvmlVgpuInstanceGet*)."""
+
+    license_state: str | None = None
+    license_expiry: float | None = None  # Unix seconds; None for a permanent or unknown expiry
+    guest_driver_version: str | None = None
+    frame_rate_limit: int | None = None
+    encoder_sessions: int | None = None
+    guest_info_state: str | None = None
+    unsupported: list[str] = field(default_factory=list)
+
+
+VGPU_HEALTH_FIELDS = tuple(VgpuHealth.__slots__)
+
+
+@dataclass(slots=True)
+class DriverInfo:
+    """The NVIDIA software on a host: the driver and, on a vGPU host, the vGPU manager."""
+
+    driver_version: str | None = None
+    vgpu_manager_version: str | None = None
+    nvml_version: str | None = None
+    cuda_driver_version: int | None = None
+    unsupported: list[str] = field(default_factory=list)
+
+
 @dataclass(slots=True)
 class VgpuReading:
     """One vGPU: utilization figures are shares of the physical GPU, frame buffer in MiB."""
@@ -64,6 +160,8 @@ class VgpuReading:
     # knows it by. None from agents older than the field, SR-IOV vGPUs (vGPU 17+, no mdev) and
     # sources that do not tell (nvidia-smi, dcgm-exporter, guests).
     mdev_uuid: str | None = None
+    # Health (issue 19), None where the source does not tell: see VgpuHealth.
+    health: VgpuHealth | None = field(default=None, compare=False)
 
 
 @dataclass(slots=True)
@@ -88,6 +186,10 @@ class GpuReading:
     # The vGPU scheduler reading (policy, arr_mode, avg_factor, timeslice_ms, frequency_hz), or None.
     # Left out of ==: it is state stored on the GPU row, not part of a sample.
     scheduler: dict | None = field(default=None, compare=False)
+    # NVML's clocks event (throttle) reasons bitmask: why the clocks are held back now, or None.
+    clocks_event_reasons: int | None = None
+    # Health state and events, or None where the source does not tell (older agents).
+    health: GpuHealth | None = field(default=None, compare=False)
 
 
 @dataclass(slots=True)
@@ -106,6 +208,8 @@ class Report:
     # Whether a fleet agent accepts scheduler changes (started with --write-token-file); None for
     # sources that say nothing about it (dcgm-exporter, nvidia-smi documents).
     scheduler_write: bool | None = None
+    # The host's NVIDIA software versions, or None where the source does not tell.
+    driver: DriverInfo | None = None
 
 
 # -- names -----------------------------------------------------------------------------------
@@ -202,6 +306,129 @@ def check_str(value: Any, path: str, max_length: int, *, required: bool = False)
     raise PayloadError(f"{path}: expected {what}{'' if required else ' or null'}, got {show(value)}")
 
 
+def check_count(value: Any, path: str) -> int | None:
+    """A counter: an integer 0..2**62 or None."""
+    if value is None:
+        return None
+    if type(value) is int and 0 <= value <= MAX_COUNT:
+        return value
+    raise PayloadError(f"{path}: expected an integer count >= 0 or null, got {show(value)}")
+
+
+def check_flag(value: Any, path: str) -> bool | None:
+    if value is None or type(value) is bool:
+        return value
+    raise PayloadError(f"{path}: expected true, false or null, got {show(value)}")
+
+
+def check_choice(value: Any, path: str, choices: tuple[str, ...] | frozenset[str]) -> str | None:
+    if value is None or (type(value) is str and value in choices):
+        return value
+    raise PayloadError(f"{path}: expected one of {', '.join(sorted(choices))} or null, got {show(value)}")
+
+
+def check_names(value: Any, path: str, known: tuple[str, ...] | frozenset[str] | None = None) -> list[str]:
+    """A list of field or flag names (each a short string, from `known` where given)."""
+    names = []
+    for i, name in enumerate(_list(value, path)):
+        if known is None:
+            names.append(check_str(name, f"{path}[{i}]", MAX_SHORT, required=True))
+        else:
+            names.append(check_choice(name, f"{path}[{i}]", known) or "")
+    return names
+
+
+def _unsupported(obj: dict, path: str, known: tuple[str, ...]) -> list[str]:
+    """The `unsupported` list of a health object: names of its own fields only."""
+    return check_names(obj.get("unsupported", []), path + ".unsupported", known)
+
+
+def _xid_events(value: Any, path: str) -> list[XidEvent]:
+    events = []
+    for i, item in enumerate(_list(value, path)[:MAX_XID_EVENTS]):
+        item = _object(item, f"{path}[{i}]")
+        _require(item, ("code", "at"), f"{path}[{i}]")
+        code, at = item["code"], item["at"]
+        if type(code) is not int or not 0 < code < 100_000:
+            raise PayloadError(f"{path}[{i}].code: expected an XID code (an integer 1..99999), got {show(code)}")
+        if not ((type(at) is int or type(at) is float) and 0 < at < 1e11):
+            raise PayloadError(f"{path}[{i}].at: expected Unix seconds (a positive number), got {show(at)}")
+        events.append(XidEvent(code=code, at=float(at)))
+    return events
+
+
+def parse_gpu_health(value: Any, path: str) -> GpuHealth | None:
+    """The optional `health` object of a GPU (protocol v1, issue 19), each field checked."""
+    if value is None:
+        return None
+    obj = _object(value, path)
+    get = obj.get
+    throttles = get("throttle_reasons")
+    return GpuHealth(
+        ecc_mode=check_choice(get("ecc_mode"), path + ".ecc_mode", ECC_MODES),
+        ecc_corrected_volatile=check_count(get("ecc_corrected_volatile"), path + ".ecc_corrected_volatile"),
+        ecc_uncorrected_volatile=check_count(get("ecc_uncorrected_volatile"), path + ".ecc_uncorrected_volatile"),
+        ecc_corrected_aggregate=check_count(get("ecc_corrected_aggregate"), path + ".ecc_corrected_aggregate"),
+        ecc_uncorrected_aggregate=check_count(get("ecc_uncorrected_aggregate"),
+                                              path + ".ecc_uncorrected_aggregate"),
+        retired_pages_sbe=check_count(get("retired_pages_sbe"), path + ".retired_pages_sbe"),
+        retired_pages_dbe=check_count(get("retired_pages_dbe"), path + ".retired_pages_dbe"),
+        retired_pages_pending=check_flag(get("retired_pages_pending"), path + ".retired_pages_pending"),
+        remapped_rows_correctable=check_count(get("remapped_rows_correctable"),
+                                              path + ".remapped_rows_correctable"),
+        remapped_rows_uncorrectable=check_count(get("remapped_rows_uncorrectable"),
+                                                path + ".remapped_rows_uncorrectable"),
+        remapped_rows_pending=check_flag(get("remapped_rows_pending"), path + ".remapped_rows_pending"),
+        remapped_rows_failure=check_flag(get("remapped_rows_failure"), path + ".remapped_rows_failure"),
+        throttle_reasons=None if throttles is None else check_names(
+            throttles, path + ".throttle_reasons", THROTTLE_NAMES),
+        pcie_replay_counter=check_count(get("pcie_replay_counter"), path + ".pcie_replay_counter"),
+        fan_speed_pct=check_number(get("fan_speed_pct"), path + ".fan_speed_pct", 0, 200, "a number 0..200"),
+        temp_slowdown_c=check_number(get("temp_slowdown_c"), path + ".temp_slowdown_c", MIN_TEMP_C, MAX_TEMP_C,
+                                     "a number -100..200"),
+        temp_shutdown_c=check_number(get("temp_shutdown_c"), path + ".temp_shutdown_c", MIN_TEMP_C, MAX_TEMP_C,
+                                     "a number -100..200"),
+        power_limit_w=check_number(get("power_limit_w"), path + ".power_limit_w", 0, MAX_POWER_W,
+                                   "a number of watts 0..10000"),
+        performance_state=check_str(get("performance_state"), path + ".performance_state", 8),
+        xid_events=_xid_events(get("xid_events", []), path + ".xid_events"),
+        unsupported=_unsupported(obj, path, GPU_HEALTH_FIELDS + ("xid_events",)),
+    )
+
+
+def parse_vgpu_health(obj: dict, path: str) -> VgpuHealth | None:
+    """The health keys of a vGPU object, or None when it carries none (an older agent)."""
+    if not any(key in obj for key in VGPU_HEALTH_FIELDS):
+        return None
+    get = obj.get
+    return VgpuHealth(
+        license_state=check_choice(get("license_state"), path + ".license_state", LICENSE_STATES),
+        license_expiry=check_number(get("license_expiry"), path + ".license_expiry", 0, 1e11, "Unix seconds"),
+        guest_driver_version=check_str(get("guest_driver_version"), path + ".guest_driver_version", MAX_SHORT),
+        frame_rate_limit=check_count(get("frame_rate_limit"), path + ".frame_rate_limit"),
+        encoder_sessions=check_count(get("encoder_sessions"), path + ".encoder_sessions"),
+        guest_info_state=check_choice(get("guest_info_state"), path + ".guest_info_state", GUEST_INFO_STATES),
+        unsupported=_unsupported(obj, path, VGPU_HEALTH_FIELDS),
+    )
+
+
+def parse_driver(value: Any, path: str) -> DriverInfo | None:
+    """The optional top-level `driver` object: the host's NVIDIA software versions."""
+    if value is None:
+        return None
+    obj = _object(value, path)
+    cuda = obj.get("cuda_driver_version")
+    if cuda is not None and (type(cuda) is not int or not 0 < cuda < 10_000_000):
+        raise PayloadError(f"{path}.cuda_driver_version: expected an integer such as 12080 or null, got {show(cuda)}")
+    return DriverInfo(
+        driver_version=check_str(obj.get("driver_version"), path + ".driver_version", MAX_SHORT),
+        vgpu_manager_version=check_str(obj.get("vgpu_manager_version"), path + ".vgpu_manager_version", MAX_SHORT),
+        nvml_version=check_str(obj.get("nvml_version"), path + ".nvml_version", MAX_SHORT),
+        cuda_driver_version=cuda,
+        unsupported=_unsupported(obj, path, tuple(DriverInfo.__slots__)),
+    )
+
+
 # -- agent protocol v1 ----------------------------------------------------------------------------
 
 _GPU_KEYS = ("uuid", "index", "name", "pci_bus_id", "fb_total_mib", "virtualization_mode", "util_gpu",
@@ -243,6 +470,7 @@ def _vgpu(obj: Any, path: str, gpu_fb_total: float | None) -> VgpuReading:
         dec_util=check_percent(obj["dec_util"], path + ".dec_util"),
         # Added to protocol v1 after its first agents: optional, absent reads as null.
         mdev_uuid=check_str(obj.get("mdev_uuid"), path + ".mdev_uuid", MAX_UUID),
+        health=parse_vgpu_health(obj, path),
     )
 
 
@@ -272,6 +500,8 @@ def _gpu(obj: Any, path: str) -> GpuReading:
                                   "a number of MHz 0..100000"),
         vgpus=[_vgpu(v, f"{path}.vgpus[{i}]", fb_total) for i, v in enumerate(vgpus)],
         scheduler=_scheduler(obj.get("scheduler"), path + ".scheduler"),
+        clocks_event_reasons=check_count(obj.get("clocks_event_reasons"), path + ".clocks_event_reasons"),
+        health=parse_gpu_health(obj.get("health"), path + ".health"),
     )
 
 
@@ -327,4 +557,4 @@ def parse_agent_payload(data: bytes | str | dict) -> Report:
     check_unique_uuids(gpus)
     physical, guest = split_guest_vgpus(gpus, hostname)
     return Report(hostname=hostname, backend=backend, collected_at=float(collected_at), gpus=physical,
-                  guest_vgpus=guest, scheduler_write=scheduler_write)
+                  guest_vgpus=guest, scheduler_write=scheduler_write, driver=parse_driver(top.get("driver"), "driver"))

@@ -70,6 +70,7 @@ def test_valid_payload_becomes_a_report_with_every_value():
         uuid="GPU-4ec115a5-de1f-52aa-a320-718cfadf645b", index=0, name="Quadro RTX 6000",
         pci_bus_id="00000000:1B:00.0", fb_total_mib=24576, virtualization_mode="vgpu_host", util_gpu=37,
         util_mem=12, fb_used_mib=15360, enc_util=5, dec_util=2, temp_c=48, power_w=87.5, sm_clock_mhz=1770,
+        clocks_event_reasons=4,
         vgpus=[
             VgpuReading(vgpu_uuid="c25b935b-2fda-58de-839f-1bf62c8441fa",
                         vm_uuid="cb36e14e-3c36-5e11-a488-dc7dbdb6efe2", vm_name=None, type_name="GRID RTX6000-12Q",
