@@ -82,7 +82,9 @@ class NotificationChannelViewSet(viewsets.ModelViewSet):
         """The channel's deliveries, newest first, paginated."""
         rows = queries.deliveries().filter(channel=self.get_object())
         page = self.paginate_queryset(rows)
-        return self.get_paginated_response(DeliverySerializer(page, many=True).data)
+        if page is not None:
+            return self.get_paginated_response(DeliverySerializer(page, many=True).data)
+        return Response(DeliverySerializer(rows, many=True).data)  # ?format=csv: every row
 
 
 class DeliveryViewSet(viewsets.ReadOnlyModelViewSet):
