@@ -266,6 +266,9 @@ SPECTACULAR_SETTINGS = {
         "ResizeRequestStatusEnum": "fleet.choices.ResizeStatus",
         "OperationKindEnum": "hypervisors.choices.OperationKind",
         "OperationStepKindEnum": "hypervisors.choices.StepKind",
+        "NotificationChannelKindEnum": "notify.choices.ChannelKind",
+        "NotificationSeverityEnum": "notify.choices.Severity",
+        "DeliveryStatusEnum": "notify.choices.DeliveryStatus",
     },
 }
 
