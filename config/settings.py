@@ -93,6 +93,7 @@ INSTALLED_APPS = [
     "django_htmx",
     "csp",
     "fleet",
+    "notify",  # notification channels and deliveries (above fleet, below telemetry)
     "telemetry",
     "hypervisors",  # acts on each host's hypervisor (above telemetry, whose agents it asks)
     "sizing",
@@ -265,6 +266,9 @@ SPECTACULAR_SETTINGS = {
         "ResizeRequestStatusEnum": "fleet.choices.ResizeStatus",
         "OperationKindEnum": "hypervisors.choices.OperationKind",
         "OperationStepKindEnum": "hypervisors.choices.StepKind",
+        "NotificationChannelKindEnum": "notify.choices.ChannelKind",
+        "NotificationSeverityEnum": "notify.choices.Severity",
+        "DeliveryStatusEnum": "notify.choices.DeliveryStatus",
     },
 }
 
@@ -418,6 +422,18 @@ EMAIL_PORT = int(env_str("EMAIL_PORT", "25"))
 EMAIL_HOST_USER = env_str("EMAIL_HOST_USER")
 EMAIL_HOST_PASSWORD = env_secret("EMAIL_HOST_PASSWORD")
 EMAIL_USE_TLS = env_bool("EMAIL_USE_TLS")
+
+# Notification channels (notify/): a failed delivery is tried again after NOTIFY_RETRY_BASE_S,
+# doubling each time, up to NOTIFY_MAX_ATTEMPTS attempts in all; each send (SMTP or HTTP) may take
+# NOTIFY_TIMEOUT_S. Sent deliveries are kept NOTIFY_KEEP_DAYS (failed ones until deleted).
+# NOTIFY_SITE_URL (e.g. https://fleet.studio.example) makes the links in messages absolute.
+NOTIFY_RETRY_BASE_S = env_float("NOTIFY_RETRY_BASE_S", 30.0)
+NOTIFY_MAX_ATTEMPTS = env_int("NOTIFY_MAX_ATTEMPTS", 6, minimum=1)
+NOTIFY_TIMEOUT_S = env_float("NOTIFY_TIMEOUT_S", 10.0)
+NOTIFY_KEEP_DAYS = env_float("NOTIFY_KEEP_DAYS", 30.0)
+NOTIFY_SITE_URL = env_str("NOTIFY_SITE_URL").rstrip("/")
+if NOTIFY_RETRY_BASE_S <= 0 or NOTIFY_TIMEOUT_S <= 0 or NOTIFY_KEEP_DAYS <= 0:
+    raise ImproperlyConfigured("NOTIFY_RETRY_BASE_S, NOTIFY_TIMEOUT_S and NOTIFY_KEEP_DAYS must be more than 0")
 
 # --- HTTPS, cookies, headers and content security policy (production) ---------------------
 # With DEBUG off every HTTPS setting is on unless switched off: the dashboard sits behind a

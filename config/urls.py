@@ -14,6 +14,7 @@ from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 from config.api.root import root_view
 from fleet.api import urls as fleet_api
 from hypervisors.api import urls as hypervisors_api
+from notify.api import urls as notify_api
 from sizing.api import urls as sizing_api
 from telemetry.api import urls as telemetry_api
 from telemetry.exposition import metrics_view
@@ -44,7 +45,7 @@ urlpatterns = [
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("admin/", admin.site.urls),
     path("api/v1/", root_view(
-        (fleet_api.router, telemetry_api.router, hypervisors_api.router, sizing_api.router),
+        (fleet_api.router, telemetry_api.router, hypervisors_api.router, sizing_api.router, notify_api.router),
         views={"heatmap": "heatmap-api", "sizing-plan": "sizing-plan", "ingest-nvidia-smi": "ingest-nvidia-smi"},
         templates={"gpu-metrics": "/api/v1/gpus/{id}/metrics/", "vm-metrics": "/api/v1/vms/{id}/metrics/",
                    "gpu-scheduler": "/api/v1/gpus/{id}/scheduler/",
@@ -59,6 +60,7 @@ urlpatterns = [
     path("api/v1/", include("telemetry.api.urls")),
     path("api/v1/", include("sizing.api.urls")),
     path("api/v1/", include("hypervisors.api.urls")),
+    path("api/v1/", include("notify.api.urls")),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="swagger-ui"),
     path("healthz", healthz, name="healthz"),

@@ -67,6 +67,8 @@ ADMIN_MENU = (
     ), badge="pending"),
     Group("Admin", (
         Link("Audit log", "fleet:audit"),
+        Link("Notification channels", "notify:channel-list"),
+        Link("Deliveries", "notify:delivery-list"),
         Link("Admin site", "admin:index"),
         Link("API docs", "swagger-ui"),
     )),

@@ -465,3 +465,56 @@ class OperationTable(ListTable):
     class Meta(ListTable.Meta):
         order_by = ("-created_at",)
         sequence = ("id", "status", "kind", "vm", "host", "origin", "progress", "created_at", "error")
+
+
+class NotificationChannelTable(ListTable):
+    """Notification channels with their filters and the outcome of their last delivery
+    (`last_status`, `last_at`, `last_error` from `notify.queries.channels_with_last_delivery`)."""
+
+    name = tables.TemplateColumn('<a href="{% url \'notify:channel-edit\' record.pk %}">{{ record.name }}</a>',
+                                 verbose_name="Channel")
+    kind = tables.TemplateColumn("{{ record.get_kind_display }}", verbose_name="Kind", order_by=("kind", "name"))
+    target = tables.TemplateColumn('{{ record.target|default:"every active admin"|truncatechars:60 }}',
+                                   verbose_name="Sends to", orderable=False, attrs={"td": {"class": "mono small"}})
+    enabled = tables.BooleanColumn(verbose_name="Enabled")
+    min_severity = tables.Column(verbose_name="From severity")
+    rules = tables.TemplateColumn('{{ record.rules|join:", "|default:"every rule" }}', verbose_name="Rules",
+                                  orderable=False)
+    last_status = tables.TemplateColumn(
+        '{% if record.last_status %}<span class="badge delivery-{{ record.last_status }}">{{ record.last_status }}'
+        "</span> <span class=\"muted small\">{{ record.last_at|date:'Y-m-d H:i' }}</span>"
+        '{% if record.last_error %}<div class="small error-text" title="{{ record.last_error }}">'
+        "{{ record.last_error|truncatechars:80 }}</div>{% endif %}"
+        '{% else %}<span class="muted">nothing sent yet</span>{% endif %}',
+        verbose_name="Last delivery", orderable=False)
+
+    class Meta(ListTable.Meta):
+        order_by = ("name",)
+        sequence = ("name", "kind", "target", "enabled", "min_severity", "rules", "last_status")
+
+
+class DeliveryTable(ListTable):
+    """Deliveries, newest first: which message went to which channel, and how it went."""
+
+    created_at = tables.DateTimeColumn(verbose_name="Created", format="Y-m-d H:i:s")
+    channel_name = tables.TemplateColumn(
+        '{% if record.channel_id %}<a href="{% url \'notify:channel-edit\' record.channel_id %}">'
+        "{{ record.channel_name }}</a>{% else %}{{ record.channel_name }} <span class=\"muted\">(deleted)</span>"
+        "{% endif %}", verbose_name="Channel", order_by=("channel_name",))
+    severity = tables.Column(verbose_name="Severity")
+    event = tables.Column(verbose_name="Event")
+    title = tables.TemplateColumn('{% if record.url %}<a href="{{ record.url }}">{{ record.title }}</a>'
+                                  "{% else %}{{ record.title }}{% endif %}", verbose_name="Message", orderable=False)
+    status = tables.TemplateColumn(
+        '<span class="badge delivery-{{ record.status }}">{{ record.get_status_display }}</span>',
+        verbose_name="Status")
+    attempts = tables.Column(verbose_name="Attempts", attrs=num("Attempts made so far"))
+    last_error = tables.TemplateColumn(
+        '{% if record.last_error %}<span class="small" title="{{ record.last_error }}">'
+        "{{ record.last_error|truncatechars:100 }}</span>{% endif %}"
+        "{% if record.next_attempt_at %}<div class=\"muted small\">next try {{ record.next_attempt_at|date:'H:i:s' }}"
+        "</div>{% endif %}", verbose_name="Last error", orderable=False)
+
+    class Meta(ListTable.Meta):
+        order_by = ("-created_at",)
+        sequence = ("created_at", "channel_name", "severity", "event", "title", "status", "attempts", "last_error")

@@ -1,6 +1,6 @@
 """Routes of every server-rendered page. The URL names keep the namespace of the section a page
-belongs to (`fleet:`, `telemetry:`, `hypervisors:`, `sizing:`), so `{% url %}` tags and bookmarks stay as they were
-before the pages moved into this app."""
+belongs to (`fleet:`, `telemetry:`, `hypervisors:`, `sizing:`, `notify:`), so `{% url %}` tags and
+bookmarks stay as they were before the pages moved into this app."""
 
 from django.urls import include, path
 
@@ -12,6 +12,7 @@ from dashboard.views import (
     heatmap,
     hypervisors,
     lists,
+    notify,
     operations,
     optimizer,
     overview,
@@ -84,9 +85,19 @@ hypervisors_patterns = [
     path("drift/", drift.drift_list, name="drift"),
 ]
 
+notify_patterns = [
+    path("channels/", notify.ChannelListView.as_view(), name="channel-list"),
+    path("channels/new/", notify.channel_create, name="channel-create"),
+    path("channels/<int:pk>/", notify.channel_edit, name="channel-edit"),
+    path("channels/<int:pk>/test/", notify.channel_test, name="channel-test"),
+    path("channels/<int:pk>/delete/", notify.channel_delete, name="channel-delete"),
+    path("deliveries/", notify.DeliveryListView.as_view(), name="delivery-list"),
+]
+
 urlpatterns = [
     path("", include((fleet_patterns, "fleet"))),
     path("", include((telemetry_patterns, "telemetry"))),
     path("", include((hypervisors_patterns, "hypervisors"))),
     path("sizing/", include((sizing_patterns, "sizing"))),
+    path("alerts/", include((notify_patterns, "notify"))),
 ]

@@ -24,7 +24,7 @@ from e2e.conftest import request_on_its_host, sign_in
 pytestmark = pytest.mark.django_db(transaction=True, serialized_rollback=True)
 
 WIDTHS = {375: 812, 1280: 800, 1920: 1080}  # width: height (a phone, a laptop, a desk screen)
-NAMESPACES = ("fleet", "telemetry", "sizing", "hypervisors")
+NAMESPACES = ("fleet", "telemetry", "sizing", "hypervisors", "notify")
 
 
 @dataclass(frozen=True)
@@ -75,6 +75,10 @@ PAGES = [
     Page("audit", "fleet:audit", "admin"),
     Page("drift", "hypervisors:drift", "admin"),
     Page("notifications", "fleet:notifications", "admin"),
+    Page("channels", "notify:channel-list", "admin"),
+    Page("channel-create", "notify:channel-create", "admin"),
+    Page("channel-edit", "notify:channel-edit", "admin", "channel"),
+    Page("deliveries", "notify:delivery-list", "admin"),
     Page("admin-workstation", "fleet:workstation", "admin"),
     Page("my-workstation", "fleet:workstation", "artist"),
     Page("my-vm", "fleet:vm-detail", "artist", "vm"),
@@ -102,6 +106,8 @@ NOT_PAGES = {
     "sizing:suggestion-dismiss": "POST",
     "sizing:suggestion-restore": "POST",
     "sizing:optimizer-apply": "POST",
+    "notify:channel-test": "POST",
+    "notify:channel-delete": "POST",
 }
 
 # Every element whose box ends past the window's right edge, unless a box around it scrolls or
@@ -192,7 +198,22 @@ def demo_ids(world) -> dict[str, int]:
     run = optimizer_runs.start_run(None, include_suggestions=True)
     optimizer_runs.execute_run(run.pk)
     return {"host": vgpu.gpu.host_id, "gpu": vgpu.gpu_id, "gpu_model": vgpu.gpu.gpu_model_id, "vm": vm.pk,
-            "artist": world.artist.pk, "run": run.pk, "request": pending.pk}
+            "artist": world.artist.pk, "run": run.pk, "request": pending.pk, "channel": channels_with_deliveries()}
+
+
+def channels_with_deliveries() -> int:
+    """An in-app channel that got a test message and a webhook nobody answers (its delivery
+    retrying with the error shown); the webhook's id, whose page lists that delivery."""
+    from notify import services
+    from notify.models import NotificationChannel
+
+    in_app, _ = services.save_channel(NotificationChannel(), name="Admins in the app", kind="in_app")
+    services.send_test(in_app)
+    hook, _ = services.save_channel(NotificationChannel(), name="Incident webhook (SIEM)", kind="webhook",
+                                    target="http://127.0.0.1:9/fleet-alerts", rules=["xid", "ecc"],
+                                    min_severity="warning")
+    services.send_test(hook)
+    return hook.pk
 
 
 def operation_ids(world, unlinked_host_id: int) -> dict[str, int]:

@@ -352,12 +352,12 @@ def _notify_artist(request: ResizeRequest, message: str) -> None:
     notify_artist(request.vm, message)
 
 
-def notify_artist(vm: VirtualMachine, message: str) -> None:
-    """Tell the VM's artist (in the app, and by mail once the transaction commits); nobody to
-    tell for a VM without one."""
+def notify_artist(vm: VirtualMachine, message: str, url: str = "/me/") -> None:
+    """Tell the VM's artist (in the app, and by mail once the transaction commits), pointing to
+    `url`; nobody to tell for a VM without one."""
     user = getattr(getattr(vm, "artist", None), "user", None)
     if user is not None:
-        _notify([user], message, "/me/")
+        _notify([user], message, url)
 
 
 def _notify(users, message: str, url: str) -> None:

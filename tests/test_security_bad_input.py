@@ -240,6 +240,7 @@ def object_for(template: str, name: str, w) -> Any:
         "gpu-models": w.gpu_a.gpu_model, "vgpu-profiles": w.profile_12q, "vgpus": w.vgpu_a,
         "resize-requests": w.request, "notifications": w.note, "audit-events": w.event, "agents": w.agent,
         "workflow-presets": w.preset, "optimizer-runs": w.run, "operations": w.operation,
+        "channels": w.channel, "notification-channels": w.channel, "deliveries": w.delivery,
     }
     return by_segment[segment]
 

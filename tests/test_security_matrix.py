@@ -42,6 +42,8 @@ from fleet.models import AuditEvent, Notification
 from fleet.request_preview import preview
 from fleet.tests.factories import ArtistFactory, GpuFactory, UserFactory, VirtualMachineFactory, profile
 from hypervisors.models import Operation
+from notify import services as notify_services
+from notify.models import NotificationChannel
 from sizing import optimizer_runs, tasks
 from sizing.models import Suggestion, SuggestionAction, WorkflowPreset
 from telemetry.aggregation import bucket_floor
@@ -106,6 +108,9 @@ def security_world(fleet_world, admin_user) -> W:
     # A pending operation on Ana's VM (host_a is not linked: the row alone, for the routes).
     w.operation = Operation.objects.create(kind="resize", vm=w.vm_a, host=w.host_a, target_host=w.host_a,
                                            origin="the role matrix")
+    # An in-app channel (a test through it succeeds without a network) and one delivery of it.
+    w.channel, _ = notify_services.save_channel(NotificationChannel(), name="matrix channel", kind="in_app")
+    w.delivery = notify_services.send_test(w.channel)
     return w
 
 
@@ -249,6 +254,17 @@ ROWS = [
         Unsafe("post", _staff_form("/operations/{operation}/"), lambda w: {})),
     Row("operations/{pk}/cancel/", lambda w: f"/operations/{w.operation.pk}/cancel/", POST_ONLY_STAFF,
         Unsafe("post", _staff_form("/operations/{operation}/"), lambda w: {"reason": "matrix"})),
+    # pages (notification channels)
+    Row("alerts/channels/", lambda w: "/alerts/channels/", PAGE_ADMINS),
+    Row("alerts/channels/new/", lambda w: "/alerts/channels/new/", PAGE_ADMINS,
+        Unsafe("post", _staff_form(400), lambda w: {}, MULTIPART_CONTENT)),
+    Row("alerts/channels/{pk}/", lambda w: f"/alerts/channels/{w.channel.pk}/", PAGE_ADMINS,
+        Unsafe("post", _staff_form(400), lambda w: {}, MULTIPART_CONTENT)),
+    Row("alerts/channels/{pk}/test/", lambda w: f"/alerts/channels/{w.channel.pk}/test/", POST_ONLY_STAFF,
+        Unsafe("post", _staff_form("/alerts/channels/{channel}/"), lambda w: {})),
+    Row("alerts/channels/{pk}/delete/", lambda w: f"/alerts/channels/{w.channel.pk}/delete/", POST_ONLY_STAFF,
+        Unsafe("post", _staff_form("/alerts/channels/"), lambda w: {})),
+    Row("alerts/deliveries/", lambda w: "/alerts/deliveries/", PAGE_ADMINS),
     # pages (sizing)
     Row("sizing/suggestions/", lambda w: "/sizing/suggestions/", PAGE_ADMINS),
     Row("sizing/suggestions/refresh/", lambda w: "/sizing/suggestions/refresh/", POST_ONLY_STAFF,
@@ -347,6 +363,19 @@ ROWS = [
         Unsafe("delete", API_READ_ONLY)),
     Row("api/v1/", lambda w: "/api/v1/", API_SIGNED_IN),
     Row("api/v1/agents/", lambda w: "/api/v1/agents/", API_ADMINS, Unsafe("post", API_WRITE_ADMINS, lambda w: {})),
+    # API: notification channels and deliveries (admins only, reading included)
+    Row("api/v1/notification-channels/", lambda w: "/api/v1/notification-channels/", API_ADMINS,
+        Unsafe("post", API_WRITE_ADMINS, lambda w: {})),
+    Row("api/v1/notification-channels/{pk}/", lambda w: f"/api/v1/notification-channels/{w.channel.pk}/",
+        API_ADMINS, Unsafe("patch", API_WRITE_ADMINS, lambda w: {"min_severity": "fatal"})),
+    Row("api/v1/notification-channels/{pk}/test/", lambda w: f"/api/v1/notification-channels/{w.channel.pk}/test/",
+        API_ADMIN_POST_ONLY, Unsafe("post", (401, 403, 403, 200, 200, 401))),
+    Row("api/v1/notification-channels/{pk}/deliveries/",
+        lambda w: f"/api/v1/notification-channels/{w.channel.pk}/deliveries/", API_ADMINS,
+        Unsafe("post", API_READ_ONLY, lambda w: {})),
+    Row("api/v1/deliveries/", lambda w: "/api/v1/deliveries/", API_ADMINS, Unsafe("post", API_READ_ONLY, lambda w: {})),
+    Row("api/v1/deliveries/{pk}/", lambda w: f"/api/v1/deliveries/{w.delivery.pk}/", API_ADMINS,
+        Unsafe("delete", API_READ_ONLY)),
     Row("api/v1/agents/{pk}/", lambda w: f"/api/v1/agents/{w.agent.pk}/", API_ADMINS,
         Unsafe("patch", API_WRITE_ADMINS, lambda w: {"timeout_s": -1})),
     Row("api/v1/agents/{pk}/rotate-token/", lambda w: f"/api/v1/agents/{w.agent.pk}/rotate-token/",
@@ -396,7 +425,7 @@ ROWS = [
 
 def _fill(expect: tuple, w: W) -> tuple:
     names = {"gpu": w.gpu_a.pk, "run": w.run.pk, "next_run": w.run.pk + 1, "host": w.host_a.pk,
-             "operation": w.operation.pk}
+             "operation": w.operation.pk, "channel": w.channel.pk}
     return tuple(e.format(**names) if isinstance(e, str) else e for e in expect)
 
 

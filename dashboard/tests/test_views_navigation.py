@@ -16,7 +16,7 @@ GROUPS = {
     "Telemetry": ["Heatmaps", "Agents"],
     "Sizing": ["Right-sizing", "Density planner", "Placement optimizer"],
     "Requests": ["Resize requests", "Approved", "Rejected", "Cancelled", "Operations"],
-    "Admin": ["Audit log", "Admin site", "API docs"],
+    "Admin": ["Audit log", "Notification channels", "Deliveries", "Admin site", "API docs"],
 }
 FLEET_PATHS = ("/hosts/", "/gpus/", "/heatmap/", "/agents/", "/sizing/", "/requests/", "/audit/", "/admin/",
                "/scheduler/", "/drift/", "/api/")
