@@ -97,7 +97,8 @@ INSTALLED_APPS = [
     "telemetry",
     "hypervisors",  # acts on each host's hypervisor (above telemetry, whose agents it asks)
     "sizing",
-    "dashboard",  # the pages, on top of the three domain apps
+    "alerts",  # health alerts and licences, judged from what telemetry stored
+    "dashboard",  # the pages, on top of the domain apps
 ]
 
 MIDDLEWARE = [
@@ -136,6 +137,7 @@ TEMPLATES = [
                 "django.contrib.auth.context_processors.auth",
                 "django.contrib.messages.context_processors.messages",
                 "dashboard.context_processors.badges",  # navigation badges: unread notifications, pending requests
+                "dashboard.context_processors.alert_badge",  # navigation badge: alerts firing
                 "dashboard.navigation.menu",  # the main menu: its groups, links and the current page
             ],
         },
@@ -368,6 +370,13 @@ HYPERVISOR_VERIFY_WAIT_S = env_float("HYPERVISOR_VERIFY_WAIT_S", 30.0)
 # How often beat reads every linked hypervisor and stores its diff against the inventory
 # (hypervisors.tasks.sync_hypervisors; the entry is created once, after migrate).
 HYPERVISOR_SYNC_INTERVAL_S = env_float("HYPERVISOR_SYNC_INTERVAL_S", 900.0)
+
+# Alerts: beat evaluates the rules every ALERTS_EVALUATION_INTERVAL_S (alerts.tasks); one
+# evaluation at a time, a lost one's lease lapsing after ALERTS_LEASE_S. Resolved alerts and the
+# licence-use series are kept ALERTS_KEEP_DAYS.
+ALERTS_EVALUATION_INTERVAL_S = env_float("ALERTS_EVALUATION_INTERVAL_S", 30.0)
+ALERTS_LEASE_S = env_float("ALERTS_LEASE_S", 120.0)
+ALERTS_KEEP_DAYS = env_float("ALERTS_KEEP_DAYS", 400.0)
 
 # Telemetry: agent tokens are derived from this key (defaults to SECRET_KEY; changing it
 # revokes every agent token). An agent not seen for TELEMETRY_STALE_AFTER_S is stale.

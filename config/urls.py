@@ -11,6 +11,7 @@ from django.urls import include, path
 from django.views.decorators.cache import never_cache
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
+from alerts.api import urls as alerts_api
 from config.api.root import root_view
 from fleet.api import urls as fleet_api
 from hypervisors.api import urls as hypervisors_api
@@ -45,8 +46,10 @@ urlpatterns = [
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("admin/", admin.site.urls),
     path("api/v1/", root_view(
-        (fleet_api.router, telemetry_api.router, hypervisors_api.router, sizing_api.router, notify_api.router),
-        views={"heatmap": "heatmap-api", "sizing-plan": "sizing-plan", "ingest-nvidia-smi": "ingest-nvidia-smi"},
+        (fleet_api.router, telemetry_api.router, hypervisors_api.router, sizing_api.router, notify_api.router,
+         alerts_api.router),
+        views={"heatmap": "heatmap-api", "sizing-plan": "sizing-plan", "ingest-nvidia-smi": "ingest-nvidia-smi",
+               "licences": "licences-api"},
         templates={"gpu-metrics": "/api/v1/gpus/{id}/metrics/", "vm-metrics": "/api/v1/vms/{id}/metrics/",
                    "gpu-scheduler": "/api/v1/gpus/{id}/scheduler/",
                    "gpu-scheduler-apply": "/api/v1/gpus/{id}/scheduler/apply/",
@@ -61,6 +64,7 @@ urlpatterns = [
     path("api/v1/", include("sizing.api.urls")),
     path("api/v1/", include("hypervisors.api.urls")),
     path("api/v1/", include("notify.api.urls")),
+    path("api/v1/", include("alerts.api.urls")),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="swagger-ui"),
     path("healthz", healthz, name="healthz"),

@@ -1,7 +1,7 @@
 """The dashboard's main menu (templates/base.html), in one place: which links each role sees, in
 which group, and which of them is the page being shown.
 
-Admins get five groups (Fleet, Telemetry, Sizing, Requests, Admin), each a dropdown; an artist
+Admins get six groups (Fleet, Telemetry, Sizing, Requests, Health, Admin), each a dropdown; an artist
 gets the one page that is theirs, which also covers their own VM and artist pages. Who is an
 admin is decided as everywhere else in the dashboard (`user.is_staff`, DESIGN.md "Roles"); the
 pages check it again themselves, the menu only leaves out what a role may not open.
@@ -65,10 +65,17 @@ ADMIN_MENU = (
         Link("Cancelled", "fleet:requests", query="status=cancelled"),
         Link("Operations", "hypervisors:operation-list"),
     ), badge="pending"),
-    Group("Admin", (
-        Link("Audit log", "fleet:audit"),
+    Group("Health", (
+        Link("Alerts", "alerts:alert-list", query="state=open", badge="firing"),
+        Link("Alert rules", "alerts:rule-list"),
+        Link("Silences", "alerts:silence-list"),
+        Link("Licences", "alerts:licences"),
+        Link("Driver versions", "alerts:versions"),
         Link("Notification channels", "notify:channel-list"),
         Link("Deliveries", "notify:delivery-list"),
+    ), badge="firing"),
+    Group("Admin", (
+        Link("Audit log", "fleet:audit"),
         Link("Admin site", "admin:index"),
         Link("API docs", "swagger-ui"),
     )),

@@ -518,3 +518,66 @@ class DeliveryTable(ListTable):
     class Meta(ListTable.Meta):
         order_by = ("-created_at",)
         sequence = ("created_at", "channel_name", "severity", "event", "title", "status", "attempts", "last_error")
+
+
+class AlertTable(ListTable):
+    """Alerts, most recently seen first: severity, what, where, whom it touches, since when."""
+
+    severity = tables.TemplateColumn('<span class="badge sev-{{ record.severity }}">{{ record.get_severity_display }}'
+                                     '</span>', verbose_name="Severity")
+    title = tables.TemplateColumn('<a href="{% url \'alerts:alert\' record.pk %}">{{ record.title }}</a>',
+                                  verbose_name="Alert", order_by=("title",))
+    state = tables.TemplateColumn('<span class="badge alert-{{ record.state }}">{{ record.get_state_display }}'
+                                  '</span>{% if record.silenced %} <span class="badge" title="A silence keeps it '
+                                  'quiet">silenced</span>{% endif %}', verbose_name="State")
+    rule = tables.Column(accessor="rule__title", verbose_name="Rule", order_by=("rule__kind",))
+    host = tables.TemplateColumn('{% if record.host_id %}<a href="{% url \'fleet:host-detail\' record.host_id %}">'
+                                 '{{ record.host.name }}</a>{% endif %}', verbose_name="Host",
+                                 order_by=("host__name",))
+    vms = tables.TemplateColumn("{{ record.vms.all|length }}", verbose_name="VMs", orderable=False,
+                                attrs=num("VMs affected"))
+    first_seen = tables.DateTimeColumn(verbose_name="Since", format="Y-m-d H:i")
+    last_seen = tables.DateTimeColumn(verbose_name="Last seen", format="Y-m-d H:i")
+
+    export_names = {"vms": "vms_affected"}
+
+    class Meta(ListTable.Meta):
+        order_by = ("-last_seen",)
+        sequence = ("severity", "title", "state", "rule", "host", "vms", "first_seen", "last_seen")
+
+    def value_vms(self, record) -> int:
+        return len(record.vms.all())
+
+    def value_title(self, record) -> str:
+        return record.title
+
+    def value_state(self, record) -> str:
+        return record.state
+
+    def value_host(self, record) -> str:
+        return record.host.name if record.host_id else ""
+
+    def value_severity(self, record) -> str:
+        return record.severity
+
+
+class SilenceTable(ListTable):
+    """Silences, latest end first: what they match, why, until when."""
+
+    matcher = tables.TemplateColumn(
+        '{% if record.alert_id %}alert <a href="{% url \'alerts:alert\' record.alert_id %}">#{{ record.alert_id }}</a>'
+        '{% endif %}{% if record.rule_id %} rule {{ record.rule.title }}{% endif %}{% if record.host_id %} host '
+        '{{ record.host.name }}{% endif %}{% if record.gpu_id %} GPU {{ record.gpu }}{% endif %}',
+        verbose_name="Matches", orderable=False)
+    reason = tables.Column(verbose_name="Reason", orderable=False)
+    starts_at = tables.DateTimeColumn(verbose_name="From", format="Y-m-d H:i")
+    ends_at = tables.DateTimeColumn(verbose_name="Until", format="Y-m-d H:i")
+    created_by = tables.Column(accessor="created_by__username", verbose_name="By", default="", orderable=False)
+    end = tables.TemplateColumn(
+        '{% if record.is_active %}<form method="post" action="{% url \'alerts:silence-end\' record.pk %}">'
+        '{% csrf_token %}<button type="submit">End now</button></form>{% else %}<span class="muted">ended</span>'
+        '{% endif %}', verbose_name="", orderable=False, exclude_from_export=True)
+
+    class Meta(ListTable.Meta):
+        order_by = ("-ends_at",)
+        sequence = ("matcher", "reason", "starts_at", "ends_at", "created_by", "end")

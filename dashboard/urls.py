@@ -1,11 +1,12 @@
 """Routes of every server-rendered page. The URL names keep the namespace of the section a page
-belongs to (`fleet:`, `telemetry:`, `hypervisors:`, `sizing:`, `notify:`), so `{% url %}` tags and
+belongs to (`fleet:`, `telemetry:`, `hypervisors:`, `sizing:`, `notify:`, `alerts:`), so `{% url %}` tags and
 bookmarks stay as they were before the pages moved into this app."""
 
 from django.urls import include, path
 
 from dashboard.views import (
     agents,
+    alerts,
     audit,
     details,
     drift,
@@ -94,10 +95,24 @@ notify_patterns = [
     path("deliveries/", notify.DeliveryListView.as_view(), name="delivery-list"),
 ]
 
+alerts_patterns = [
+    path("alerts/", alerts.AlertListView.as_view(), name="alert-list"),
+    path("alerts/<int:pk>/", alerts.alert_detail, name="alert"),
+    path("alerts/<int:pk>/acknowledge/", alerts.alert_acknowledge, name="alert-acknowledge"),
+    path("alerts/<int:pk>/silence/", alerts.alert_silence, name="alert-silence"),
+    path("alerts/<int:pk>/drain/", alerts.alert_drain, name="alert-drain"),
+    path("alerts/rules/", alerts.rule_list, name="rule-list"),
+    path("alerts/silences/", alerts.SilenceListView.as_view(), name="silence-list"),
+    path("alerts/silences/<int:pk>/end/", alerts.silence_end, name="silence-end"),
+    path("licences/", alerts.licences, name="licences"),
+    path("versions/", alerts.versions_page, name="versions"),
+]
+
 urlpatterns = [
     path("", include((fleet_patterns, "fleet"))),
     path("", include((telemetry_patterns, "telemetry"))),
     path("", include((hypervisors_patterns, "hypervisors"))),
     path("sizing/", include((sizing_patterns, "sizing"))),
     path("alerts/", include((notify_patterns, "notify"))),
+    path("", include((alerts_patterns, "alerts"))),
 ]

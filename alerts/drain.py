@@ -1,0 +1,24 @@
+"""Drain a failing GPU: ask the placement optimizer for a plan that moves every vGPU off it onto
+the fleet's other GPUs (never onto it), for an admin to review and apply. On hosts linked to
+their hypervisor the applied plan runs as operations; elsewhere it changes the inventory and
+the admin moves the VMs."""
+
+from __future__ import annotations
+
+from fleet.models import Gpu, Vgpu
+from sizing import optimizer_runs
+from sizing.models import OptimizerRun
+
+
+class DrainRefused(Exception):
+    """Why no drain plan was started (said to the admin as it is)."""
+
+
+def start(gpu: Gpu, user) -> OptimizerRun:
+    if not Vgpu.objects.filter(gpu=gpu).exists():
+        raise DrainRefused(f"{gpu} runs no vGPU: there is nothing to move.")
+    try:
+        return optimizer_runs.start_run(user, include_requests=False, drain_gpu_ids=[gpu.pk])
+    except optimizer_runs.RunInProgress as exc:
+        raise DrainRefused(f"The optimizer is busy with run #{exc.run.pk}: drain again once it has finished.") \
+            from None

@@ -1,0 +1,201 @@
+"""One evaluation of the alert rules: gather facts, judge them, and reconcile with the open
+alerts (fire new ones, keep the rest up to date, resolve those whose condition ended), then tell
+people: the admins' channels (`notify.dispatch`) and, about their own VM only, the artists.
+
+One evaluation runs at a time (`EvaluationLease`); the reconcile is one transaction and the
+notifications are durable deliveries queued when it commits, so a worker killed half-way leaves
+the alerts as they were and the next run (beat, every ALERTS_EVALUATION_INTERVAL_S) redoes it.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import time
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models import Q
+from django.urls import reverse
+
+from alerts import rules as rulebook
+from alerts.gather import gather, utc_now
+from alerts.models import (
+    OPEN_STATES,
+    Alert,
+    AlertRule,
+    AlertState,
+    Evaluation,
+    EvaluationLease,
+    LicenceUsage,
+    Silence,
+)
+from fleet.models import VirtualMachine
+from notify.messages import Message
+from notify.services import dispatch, tell_artists
+
+log = logging.getLogger(__name__)
+
+# Rules whose alert means something is wrong with an artist's own VM or the GPU under it: the
+# artist gets a note (about their VM only) when one fires.
+ARTIST_RULES = {"xid", "ecc_uncorrectable", "row_remap", "vgpu_unlicensed", "vgpu_fb_full", "throttling"}
+
+
+@dataclass(slots=True)
+class Outcome:
+    evaluation: Evaluation | None
+    fired: list[Alert]
+    resolved: list[Alert]
+
+
+def ensure_rules() -> dict[str, AlertRule]:
+    """Every rule of the catalogue as a row (created with its defaults the first time)."""
+    rows = {row.kind: row for row in AlertRule.objects.all()}
+    missing = [AlertRule(kind=slug, severity=kind.severity, params={})
+               for slug, kind in rulebook.RULES.items() if slug not in rows]
+    if missing:
+        AlertRule.objects.bulk_create(missing, ignore_conflicts=True)
+        rows = {row.kind: row for row in AlertRule.objects.all()}
+    return rows
+
+
+def _take_lease(now: datetime, ttl_s: float) -> str | None:
+    token = secrets.token_hex(8)
+    EvaluationLease.objects.get_or_create(pk=1)
+    taken = EvaluationLease.objects.filter(pk=1).filter(Q(until__isnull=True) | Q(until__lt=now)).update(
+        holder=token, until=now + timedelta(seconds=ttl_s))
+    return token if taken else None
+
+
+def _drop_lease(token: str) -> None:
+    EvaluationLease.objects.filter(pk=1, holder=token).update(holder="", until=None)
+
+
+def evaluate(now: datetime | None = None) -> Outcome:
+    """Run the rules once; Outcome(None, [], []) when another evaluation holds the lease."""
+    now = now or utc_now()
+    token = _take_lease(now, settings.ALERTS_LEASE_S)
+    if token is None:
+        return Outcome(None, [], [])
+    started = time.perf_counter()
+    run = Evaluation.objects.create(started_at=now)
+    try:
+        rows = ensure_rules()
+        enabled = {slug: (row.severity, row.effective_params) for slug, row in rows.items() if row.enabled}
+        facts = gather(now, enabled)
+        findings = rulebook.evaluate(facts, enabled)
+        with transaction.atomic():
+            fired, resolved = reconcile(findings, rows, now)
+            record_licence_usage(facts, now)
+        run.findings, run.fired, run.resolved = len(findings), len(fired), len(resolved)
+        return Outcome(run, fired, resolved)
+    except Exception as exc:
+        run.error = f"{type(exc).__name__}: {exc}"[:2000]
+        log.exception("alert evaluation failed")
+        raise
+    finally:
+        run.finished_at = utc_now()
+        run.duration_s = time.perf_counter() - started
+        run.save()
+        _drop_lease(token)
+
+
+def active_silences(now: datetime) -> list[Silence]:
+    return list(Silence.objects.filter(starts_at__lte=now, ends_at__gt=now).select_related("alert"))
+
+
+def silenced(silences: list[Silence], rule_id: int, key: str, host_id: int | None, gpu_id: int | None) -> bool:
+    for s in silences:
+        if ((s.rule_id is None or s.rule_id == rule_id) and (s.host_id is None or s.host_id == host_id)
+                and (s.gpu_id is None or s.gpu_id == gpu_id) and (s.alert is None or s.alert.key == key)):
+            return True
+    return False
+
+
+def reconcile(findings: list[rulebook.Finding], rules: dict[str, AlertRule], now: datetime
+              ) -> tuple[list[Alert], list[Alert]]:
+    """Open, refresh and resolve alerts so the open ones are exactly `findings`; returns (fired, resolved)."""
+    silences = active_silences(now)
+    open_alerts = {a.key: a for a in Alert.objects.select_for_update().filter(state__in=OPEN_STATES)}
+    by_key = {f.key: f for f in findings}
+    fired, kept = [], []
+    for key, finding in by_key.items():
+        rule = rules[finding.rule]
+        quiet = silenced(silences, rule.pk, key, finding.host_id, finding.gpu_id)
+        alert = open_alerts.get(key)
+        if alert is None:
+            fired.append((Alert(rule=rule, key=key, severity=finding.severity, title=finding.title[:200],
+                                summary=finding.summary, details=finding.details, host_id=finding.host_id,
+                                gpu_id=finding.gpu_id, first_seen=now, last_seen=now, silenced=quiet),
+                          finding))
+        else:
+            alert.severity, alert.title, alert.summary = finding.severity, finding.title[:200], finding.summary
+            alert.details, alert.last_seen, alert.silenced = finding.details, now, quiet
+            kept.append(alert)
+    if kept:
+        Alert.objects.bulk_update(kept, ["severity", "title", "summary", "details", "last_seen", "silenced"])
+    new = Alert.objects.bulk_create([alert for alert, _ in fired])
+    links = [Alert.vms.through(alert_id=alert.pk, virtualmachine_id=vm_id)
+             for alert, (_, finding) in zip(new, fired, strict=True) for vm_id in finding.vm_ids]
+    Alert.vms.through.objects.bulk_create(links, ignore_conflicts=True)
+    gone = [alert for key, alert in open_alerts.items() if key not in by_key]
+    for alert in gone:
+        alert.state, alert.resolved_at = AlertState.RESOLVED, now
+        alert.silenced = silenced(silences, alert.rule_id, alert.key, alert.host_id, alert.gpu_id)
+    if gone:
+        Alert.objects.bulk_update(gone, ["state", "resolved_at", "silenced"])
+    for alert, finding in zip(new, (f for _, f in fired), strict=True):
+        if not alert.silenced:
+            notify(alert, "firing", finding.vm_ids)
+    for alert in gone:
+        if not alert.silenced:
+            notify(alert, "resolved", ())
+    return new, gone
+
+
+def alert_url(alert: Alert) -> str:
+    return reverse("alerts:alert", args=[alert.pk])
+
+
+def notify(alert: Alert, event: str, vm_ids: tuple[int, ...]) -> None:
+    """The admins' channels, and, for a firing alert about their VM or its GPU, the artists."""
+    title = alert.title if event == "firing" else f"Resolved: {alert.title}"
+    dispatch(Message(key=f"alert:{alert.pk}", event=event, severity=alert.severity, rule=alert.rule.kind,
+                     title=title, body=alert.summary, url=alert_url(alert),
+                     data={"alert": alert.pk, "rule": alert.rule.kind, "state": alert.state, "key": alert.key,
+                           "host": alert.host_id, "gpu": alert.gpu_id, "vms": list(vm_ids),
+                           "first_seen": alert.first_seen.isoformat(), "details": alert.details}))
+    if event == "firing" and alert.rule.kind in ARTIST_RULES and vm_ids:
+        vms = VirtualMachine.objects.filter(pk__in=vm_ids).select_related("artist__user")
+        tell_artists(vms, _artist_note(alert))
+
+
+def _artist_note(alert: Alert) -> str:
+    """What an artist reads about a problem under their VM: what happens to them, no other VM named."""
+    kind = alert.rule.kind
+    if kind == "vgpu_fb_full":
+        return ("Your VM {vm} is nearly out of GPU memory (frame buffer). Save your work; IT has been told and can "
+                "give the VM a larger profile.")
+    if kind == "vgpu_unlicensed":
+        return ("Your VM {vm} runs without a GPU licence, so it is slowed down. IT has been told and is on it.")
+    return ("The GPU under your VM {vm} reported a problem (" + rulebook.RULES[kind].title.lower() + "). IT has been "
+            "told; save your work, you may be moved to another GPU.")
+
+
+def record_licence_usage(facts: rulebook.Facts, now: datetime) -> None:
+    """One point a minute per edition of the licence-use series (from this evaluation's facts)."""
+    if not facts.licences and not facts.pools:
+        return
+    minute = now.replace(second=0, microsecond=0)
+    counts: dict[str, list[int]] = {}
+    for lic in facts.licences:
+        if lic.edition:
+            pair = counts.setdefault(lic.edition, [0, 0])
+            pair[0 if lic.license_state == "licensed" else 1] += lic.license_state is not None
+    for pool in facts.pools:
+        counts.setdefault(pool.edition, [0, 0])
+    LicenceUsage.objects.bulk_create(
+        [LicenceUsage(ts=minute, edition=edition, in_use=used, unlicensed=lapsed)
+         for edition, (used, lapsed) in counts.items()], ignore_conflicts=True)

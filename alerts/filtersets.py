@@ -1,0 +1,28 @@
+"""FilterSets of the alerts app, shared by the API and the pages (as `fleet.filtersets`)."""
+
+import django_filters
+
+from alerts.models import Alert, AlertState, Severity
+from alerts.rules import RULES
+from fleet.filtersets import IdOrNameFilter
+from fleet.models import Gpu, Host
+
+
+class AlertFilterSet(django_filters.FilterSet):
+    """Alerts by state (`open` = firing or acknowledged), severity, rule, host and GPU."""
+
+    state = django_filters.ChoiceFilter(choices=[("open", "Open (firing or acknowledged)"), *AlertState.choices],
+                                        method="filter_state")
+    severity = django_filters.ChoiceFilter(choices=Severity.choices)
+    rule = django_filters.ChoiceFilter(field_name="rule__kind", choices=[(s, k.title) for s, k in RULES.items()])
+    host = IdOrNameFilter(label="Host", queryset=Host.objects.order_by("name"))
+    gpu = django_filters.ModelChoiceFilter(label="GPU", queryset=Gpu.objects.all())
+
+    class Meta:
+        model = Alert
+        fields = ["state", "severity", "rule", "host", "gpu"]
+
+    def filter_state(self, queryset, name, value):
+        if value == "open":
+            return queryset.filter(state__in=[AlertState.FIRING, AlertState.ACKNOWLEDGED])
+        return queryset.filter(state=value)
