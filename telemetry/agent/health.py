@@ -90,8 +90,3 @@ def license_expiry_seconds(expiry: Any) -> float | None:
     except (TypeError, ValueError, OverflowError):
         return None
 
-
-def vgpu_version_text(version: int) -> str:
-    """"major.minor" of a vGPU software version number as nvmlGetVgpuVersion reports it: major in
-    bits 31:16, minor in bits 15:0 (NV_VGPU_GRIDSW_NUMBER_EXTERNAL in NVIDIA's open kernel modules)."""
-    return f"{version >> 16}.{version & 0xFFFF}"

@@ -50,7 +50,6 @@ from .health import (
     VGPU_HEALTH_FIELDS,
     license_expiry_seconds,
     throttle_flags,
-    vgpu_version_text,
 )
 from .scheduler_write import SchedulerRefused, holds_vgpus_message
 
@@ -92,6 +91,10 @@ HEALTH_READER_FIELDS = {
         "remapped_rows_failure",
     ),
 }
+# Read once: the current ECC mode changes only with a reboot (a new mode is "pending" until then)
+# and the thresholds come from the board's VBIOS. Each of these calls costs ~170 µs on an H200,
+# ten times a whole poll of the other metrics (docs/agent-health.md).
+HEALTH_STATIC = ("ecc_mode", "temp_slowdown_c", "temp_shutdown_c")
 ECC_MODES = {0: "disabled", 1: "enabled"}
 PSTATE_UNKNOWN = 32
 XID_WAIT_MS = 200
@@ -190,6 +193,8 @@ class _Gpu:
         "identity_readers",
         "readers",
         "health_readers",
+        "health_static",
+        "health_static_readers",
         "unsupported",
         "vgpu_last_ts",
         "vgpu_util",
@@ -197,7 +202,6 @@ class _Gpu:
         "vgpu_unsupported",
         "xid_events",
         "xid_state",
-        "mode",
     )
 
     def __init__(self, index: int, handle: Any):
@@ -214,6 +218,9 @@ class _Gpu:
         # Each reader: [metric, function, args, applier]; lists so a fallback can swap the function.
         self.readers: list[list[Any]] = []
         self.health_readers: list[list[Any]] = []
+        # Health fields fixed while the driver is loaded, read until read once (like identity).
+        self.health_static: dict[str, Any] = {}
+        self.health_static_readers: list[list[Any]] = []
         self.unsupported: set[str] = set()
         self.vgpu_last_ts = 0
         self.vgpu_util: dict[int, tuple[int, int, int, int]] = {}
@@ -224,8 +231,6 @@ class _Gpu:
         self.xid_events: collections.deque[dict[str, Any]] = collections.deque(maxlen=XID_BUFFER)
         # "watching", "unsupported", or the error that kept the GPU out of the event set.
         self.xid_state = "unsupported"
-        # The virtualization mode of the last poll; the driver block asks for the vGPU manager by it.
-        self.mode: str | None = None
 
 
 class NvmlBackend:
@@ -350,7 +355,9 @@ class NvmlBackend:
         for reader in health_readers:
             if reader[1] is None:
                 gpu.unsupported.add(reader[0])
-        gpu.health_readers = [reader for reader in health_readers if reader[1] is not None]
+        available = [reader for reader in health_readers if reader[1] is not None]
+        gpu.health_static_readers = [reader for reader in available if reader[0] in HEALTH_STATIC]
+        gpu.health_readers = [reader for reader in available if reader[0] not in HEALTH_STATIC]
 
     # -- error handling -------------------------------------------------------------------
 
@@ -441,7 +448,6 @@ class NvmlBackend:
             out[metric] = None
         self._run_readers(gpu, gpu.readers, out, errors, drop_ok=False)
         out["health"] = self._health(gpu, out, errors)
-        gpu.mode = out["virtualization_mode"]
         if out["virtualization_mode"] == "vgpu_host":
             out["scheduler"] = self._scheduler(gpu, errors)
             out["vgpus"] = self._vgpus(gpu, errors)
@@ -457,6 +463,9 @@ class NvmlBackend:
         Transient errors are named by field in the GPU's `errors`, as the other metrics' are."""
         health: dict[str, Any] = dict.fromkeys(GPU_HEALTH_FIELDS)
         local: dict[str, str] = {}
+        if gpu.health_static_readers:
+            self._run_readers(gpu, gpu.health_static_readers, gpu.health_static, local, drop_ok=True)
+        health.update(gpu.health_static)
         self._run_readers(gpu, gpu.health_readers, health, local, drop_ok=False)
         for reader, message in local.items():
             for field in HEALTH_READER_FIELDS.get(reader, (reader,)):
@@ -542,27 +551,22 @@ class NvmlBackend:
     # -- host-wide ------------------------------------------------------------------------
 
     def driver(self) -> dict[str, Any]:
-        """The top-level "driver" block: versions of the driver, NVML, CUDA and the vGPU manager.
+        """The top-level "driver" block: versions of the driver, NVML and CUDA.
 
-        The versions cannot change while NVML is initialized (a new driver means unloading the
-        old one), so each is read until it has been read once. The vGPU manager is asked only
-        where a GPU is in vGPU host mode: elsewhere the field is null and unsupported.
-        nvmlGetVgpuVersion gives the range of vGPU software versions the manager supports; the
-        top of that range, "major.minor", is the manager's release (e.g. "19.0": the branch,
-        not its point release, which NVML does not report)."""
+        They cannot change while NVML is initialized (a new driver means unloading the old one),
+        so each is read until it has been read once. `vgpu_manager_version` is always null and
+        unsupported: NVML has no call for the vGPU software release ("19.2"). nvmlGetVgpuVersion
+        answers the range of vGPU versions the manager can negotiate with guests, not its
+        release, and answers on hosts without a vGPU manager too (docs/agent-health.md: 18.1 to
+        26.1 on a bare-metal H200 with driver 580.159.04, whose vGPU release would be 19.x)."""
         nvml = self.nvml
         errors: dict[str, str] = {}
+        calls = (
+            ("driver_version", "nvmlSystemGetDriverVersion", _text),
+            ("nvml_version", "nvmlSystemGetNVMLVersion", _text),
+            ("cuda_driver_version", "nvmlSystemGetCudaDriverVersion", int),
+        )
         with self._lock:
-            calls = [
-                ("driver_version", "nvmlSystemGetDriverVersion", _text),
-                ("nvml_version", "nvmlSystemGetNVMLVersion", _text),
-                ("cuda_driver_version", "nvmlSystemGetCudaDriverVersion", int),
-            ]
-            vgpu_host = any(g.mode == "vgpu_host" for g in self._gpus)
-            if vgpu_host:
-                calls.append(("vgpu_manager_version", "nvmlGetVgpuVersion", lambda v: vgpu_version_text(v[0][1])))
-            else:
-                self._driver.pop("vgpu_manager_version", None)
             for field, name, convert in calls:
                 if field in self._driver or field in self._driver_unsupported:
                     continue
@@ -577,9 +581,7 @@ class NvmlBackend:
                         self._driver_unsupported.add(field)
                     else:
                         errors[field] = str(exc)
-            unsupported = set(self._driver_unsupported)
-            if not vgpu_host:
-                unsupported.add("vgpu_manager_version")
+            unsupported = self._driver_unsupported | {"vgpu_manager_version"}
             block = {field: self._driver.get(field) for field in DRIVER_FIELDS}
         block["unsupported"] = [f for f in DRIVER_FIELDS if f in unsupported]
         block["errors"] = errors
