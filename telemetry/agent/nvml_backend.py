@@ -546,7 +546,7 @@ class NvmlBackend:
             if gpu is None:
                 continue
             with self._xid_lock:
-                gpu.xid_events.append({"code": int(data.eventData), "at": round(at, 3)})
+                gpu.xid_events.append({"code": int(data.eventData), "at": at})
 
     # -- host-wide ------------------------------------------------------------------------
 
