@@ -46,7 +46,7 @@ from collections.abc import Callable, Iterable
 from http.server import BaseHTTPRequestHandler
 from typing import Any, Protocol
 
-from . import __version__
+from . import BackendUnavailable, __version__
 from .connections import MAX_BODY_BYTES, BoundedHTTPServer, Exchange, response_bytes
 from .scheduler_write import SchedulerRefused, parse_settings
 from .vgpu_devices import MAX_TYPE_NAME, DeviceRefused, HostSysfs, bus_id
@@ -130,6 +130,10 @@ class AgentServer(BoundedHTTPServer):
             # false, so the dashboard offers to apply scheduler policies only through this agent.
             agent["scheduler_write"] = True
         document = {"agent": agent, "collected_at": collected_at, "gpus": gpus}
+        driver = getattr(self.backend, "driver", None)
+        if driver is not None:
+            # Added in protocol v1 without a version bump (issue 19): older agents omit it.
+            document["driver"] = driver()
         return json.dumps(document, separators=(",", ":")).encode()
 
 
@@ -170,6 +174,9 @@ class AgentRequestHandler(BaseHTTPRequestHandler):
                 return
             try:
                 body = self.server.metrics_body()
+            except BackendUnavailable as exc:
+                self._send_json(503, {"error": str(exc)}, [("Retry-After", str(exc.retry_after_s))])
+                return
             except Exception:
                 logger.exception("collection failed")
                 self._send_json(500, {"error": "collection failed; see the agent's log"})

@@ -21,6 +21,11 @@ Per-GPU figures aggregate its vGPUs (utilizations summed and clipped at 100 %, f
 summed), and temperature, power and SM clock follow the GPU's utilization, power up to just
 under the scenario's `power_limit_w` and the SM clock up to its `max_sm_clock_mhz` (the
 board's limits: fleet/catalog.py).
+
+Health (issue 19): every GPU carries a "health" object and every vGPU its licence, guest driver
+and guest state, healthy by default. An agent started with `events_from` (simfleet does, with
+its start time and each host's place in the fleet) also shows GPU and vGPU trouble on a fixed
+schedule, and answers 503 while its simulated outage lasts: `sim_events.py` gives the schedule.
 """
 
 from __future__ import annotations
@@ -33,6 +38,8 @@ import re
 import time
 from typing import Any
 
+from . import BackendUnavailable, sim_events
+from .health import DRIVER_FIELDS
 from .scenario import ScenarioError
 from .scheduler_write import SchedulerRefused, holds_vgpus_message, reported_state
 
@@ -261,23 +268,61 @@ class SimBackend:
 
     name = "sim"
 
-    def __init__(self, scenario: dict[str, Any]):
+    def __init__(self, scenario: dict[str, Any], *, events_from: float | None = None, slot: int = 0,
+                 hosts: int = 1):
+        """`events_from`: the instant the event schedule starts (None: a healthy fleet, no events);
+        `slot` of `hosts`: this agent's place in the fleet, which picks its share of the events."""
         self.scenario = scenario
         self.hostname = scenario["hostname"]
         self._tz = _resolve_timezone(scenario.get("timezone"))
+        self._events = None if events_from is None else sim_events.Events(events_from, slot, hosts)
+        self._versions = sim_events.versions(scenario, slot if events_from is not None else 0)
+        self._mismatch = events_from is not None and slot == sim_events.MISMATCH_SLOT
+        self._last_collect: float | None = None
+
+    def driver(self) -> dict[str, Any]:
+        """The top-level "driver" block: the host's simulated driver set."""
+        block = {field: self._versions[field] for field in DRIVER_FIELDS}
+        return {**block, "unsupported": [], "errors": {}}
 
     def collect(self, now: float | None = None) -> list[dict[str, Any]]:
-        """GPU dicts of protocol v1 at instant `now` (Unix seconds); the same instant gives the same dicts."""
+        """GPU dicts of protocol v1 at instant `now` (Unix seconds); the same instant gives the same
+        dicts, except that an XID is reported only by the first collection after it."""
         t = time.time() if now is None else now
+        events = self._events
+        if events is not None and events.active("outage", t):
+            raise BackendUnavailable(f"{self.hostname}: simulated agent outage", retry_after_s=30)
         clock = _Clock(t, self._tz)
         gpus = self.scenario["gpus"]
         if self.scenario.get("hypervisor_state"):
             gpus = following_hypervisor(gpus, self.scenario["hypervisor_state"])
-        return [self._gpu(index, gpu, t, clock) for index, gpu in enumerate(gpus)]
+        rows = [[simulate_vgpu(v, t, clock) for v in gpu.get("vgpus", ())] for gpu in gpus]
+        flat = [row for gpu_rows in rows for row in gpu_rows]
+        for position, (row, vgpu) in enumerate(zip(flat, [v for g in gpus for v in g.get("vgpus", ())],
+                                                   strict=True)):
+            guest = sim_events.CURRENT["guest"] if self._mismatch and position == 0 else self._versions["guest"]
+            row.update(sim_events.vgpu_health(vgpu, row, t, guest))
+        xids: list[tuple[int, float]] = []
+        if events is not None:
+            sim_events.apply_vgpu_events(events, flat, [v["fb_mib"] for g in gpus for v in g.get("vgpus", ())], t)
+            after = self._last_collect if self._last_collect is not None and self._last_collect < t else t - 60
+            xids = events.xids_between(after, t)
+            self._last_collect = t
+        result = []
+        for index, gpu in enumerate(gpus):
+            reading = self._gpu(index, gpu, t, clock, rows[index])
+            reading["health"] = sim_events.healthy_gpu(gpu, reading, t)
+            if events is not None:
+                sim_events.apply_gpu_events(events, index, len(gpus), reading, t, xids)
+            # The health object sits before the vGPU list, as the NVML backend's does.
+            reading["vgpus"] = reading.pop("vgpus")
+            reading["errors"] = reading.pop("errors")
+            result.append(reading)
+        return result
 
-    def _gpu(self, index: int, gpu: dict[str, Any], t: float, clock: _Clock) -> dict[str, Any]:
+    def _gpu(self, index: int, gpu: dict[str, Any], t: float, clock: _Clock,
+             vgpus: list[dict[str, Any]]) -> dict[str, Any]:
         mode = gpu.get("virtualization_mode", "vgpu_host")
-        vgpus = [simulate_vgpu(v, t, clock) for v in gpu.get("vgpus", ())]
         fb_total = gpu["fb_total_mib"]
         util = min(100, sum(v["util_gpu"] for v in vgpus))
         limit_w = float(gpu.get("power_limit_w", 250))

@@ -9,7 +9,9 @@ that also runs the web server, a Celery worker and beat. Here every host keeps a
 own, with its own port, token and scenario, answering protocol v1 exactly as `python -m
 telemetry.agent --backend sim` does (the same `AgentServer` and `SimBackend`), so the
 collector polls them as separate hosts; they only share the process, each server's loop
-running on a thread of its own.
+running on a thread of its own. Unless --no-events, the hosts take turns showing GPU and vGPU
+trouble (XIDs, ECC errors, thermal slowdown, licence lapses, a full frame buffer, a few minutes
+of 503s) from the moment the process starts: `sim_events.py` gives the schedule.
 
 The manifest is a JSON list with one object per agent: {"name", "listen": "HOST:PORT",
 "token_file", "scenario"} (other keys are ignored). `manage.py demo_agents` writes it. Relative
@@ -28,6 +30,7 @@ import os
 import signal
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -73,20 +76,27 @@ def build_parser() -> argparse.ArgumentParser:
                         help="threads answering requests, per agent (default 2)")
     parser.add_argument("--max-connections", type=positive_int, default=64, metavar="N",
                         help="connections open at once, per agent (default 64)")
+    parser.add_argument("--no-events", action="store_true",
+                        help="a healthy fleet: no XIDs, ECC errors, licence lapses or outages (sim_events.py)")
     parser.add_argument("--log-level", default="INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR"))
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     return parser
 
 
-def _plan(entries: list[dict[str, Any]]) -> list[tuple[tuple[str, int], SimBackend, str]]:
-    """(address, backend, token) of every agent; raises ConfigError or ScenarioError naming it."""
+def _plan(entries: list[dict[str, Any]],
+          events_from: float | None = None) -> list[tuple[tuple[str, int], SimBackend, str]]:
+    """(address, backend, token) of every agent; raises ConfigError or ScenarioError naming it.
+
+    With `events_from`, the agents share one event schedule from that instant, each host taking
+    its turn by its place in the manifest (sim_events.py)."""
     planned = []
-    for entry in entries:
+    for slot, entry in enumerate(entries):
         try:
             address = parse_listen(entry["listen"])
         except argparse.ArgumentTypeError as exc:
             raise ConfigError(f"agent {entry['name']}: {exc}") from None
-        planned.append((address, SimBackend(load_scenario(entry["scenario"])), read_token(entry["token_file"])))
+        backend = SimBackend(load_scenario(entry["scenario"]), events_from=events_from, slot=slot, hosts=len(entries))
+        planned.append((address, backend, read_token(entry["token_file"])))
     return planned
 
 
@@ -94,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
-        planned = _plan(load_manifest(args.manifest))
+        planned = _plan(load_manifest(args.manifest), None if args.no_events else time.time())
     except (ConfigError, ScenarioError) as exc:
         print(f"telemetry.agent.simfleet: error: {exc}", file=sys.stderr)
         return 2

@@ -6,11 +6,27 @@ function with any NVML error code, for every GPU or for one. `nvmlVgpuInstanceGe
 mimics pynvml's 32-bit declaration (values wrap above 4 GiB) while the C entry point
 returned by `_nvmlGetFunctionPointer` is a real ctypes function that writes 64 bits, as
 the driver does. The blocking calls the poll must avoid fail the test if called.
+
+Health answers (issue 19) default to what NVML answered on a real H100 80GB HBM3, driver
+580.159.04 (reference/vgpu-facts.md, "Health calls measured on a real GPU", and
+docs/agent-health.md): ECC enabled with every counter 0, retired pages NOT_SUPPORTED (Ampere and
+later remap rows instead), remapped rows (0, 0, 0, 0), PCIe replay counter 0, fan NOT_SUPPORTED
+(passively cooled), slowdown 89 °C and shutdown 95 °C, performance state P0; the enforced power
+limit is the fake board's own (250 W for the Quadro RTX 6000 it is named after). XID events come
+from `xid()`, which the fake event set hands to nvmlEventSetWait as the driver would.
+
+vGPU health answers take the shapes pynvml returns for them (c_nvmlVgpuLicenseInfo_t with its
+c_nvmlVgpuLicenseExpiry_t, c_nvmlVgpuMetadata_t, a str driver version, an int frame rate limit),
+which no recording of a vGPU host fills for us: the mock library answers NOT_SUPPORTED there.
+Their values follow NVIDIA's vGPU documentation: a licensed Q-series vGPU with an expiry date in
+UTC calendar fields and status VALID (2), a guest driver of the same branch as the host, the
+60 fps frame rate limit that Q-series types default to, guest info state INITIALIZED (1).
 """
 
 from __future__ import annotations
 
 import ctypes
+import queue
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -34,6 +50,14 @@ class FakeVgpu:
     encoder_stats: tuple[int, int, int] = (1, 60, 2800)
     # The instance's mdev UUID; None: an SR-IOV vGPU (vGPU 17+), for which NVML says NOT_SUPPORTED.
     mdev_uuid: str | None = None
+    is_licensed: bool = True
+    # licExpiry: (year, month, day, hour, min, sec, status); status 2 = VALID, 4 = PERMANENT.
+    license_expiry: tuple[int, int, int, int, int, int, int] = (2026, 12, 31, 23, 59, 59, 2)
+    # nvmlGridLicenseState_t: 5 = LICENSED, 4 = UNLICENSED, 1 = UNINITIALIZED (guest not reported yet).
+    license_state: int = 5
+    guest_driver: str = "580.95.05"
+    frame_rate_limit: int | None = 60  # None: the frame rate limiter is off (NVML: NOT_SUPPORTED)
+    guest_info_state: int = 1
 
 
 @dataclass
@@ -57,6 +81,29 @@ class FakeGpu:
     vgpu_samples: list[tuple[int, int, int, int, int, int]] = field(default_factory=list)
     # (policy, arr mode, avg factor, timeslice ns) or None when the driver cannot report it
     scheduler: tuple[int, int, int, int] | None = None
+    # Health; None where NVML answers NOT_SUPPORTED.
+    ecc_mode: tuple[int, int] | None = (1, 1)
+    # (error type, counter type) -> count; missing pairs are 0.
+    ecc_errors: dict[tuple[int, int], int] = field(default_factory=dict)
+    retired_pages: dict[int, list[int]] | None = None
+    retired_pages_pending: int | None = None
+    remapped_rows: tuple[int, int, int, int] | None = (0, 0, 0, 0)
+    pcie_replay: int | None = 0
+    fan_pct: int | None = None
+    temp_thresholds: dict[int, int] = field(default_factory=lambda: {
+        pynvml.NVML_TEMPERATURE_THRESHOLD_SHUTDOWN: 95, pynvml.NVML_TEMPERATURE_THRESHOLD_SLOWDOWN: 89})
+    power_limit_mw: int = 250_000
+    pstate: int = 0
+    xid_supported: bool = True
+
+
+@dataclass
+class _Event:
+    """nvmlEventSetWait's answer (c_nvmlEventData_t's fields) with the fake's own handle."""
+
+    device: FakeGpu
+    eventType: int  # noqa: N815 (pynvml's field names)
+    eventData: int  # noqa: N815
 
 
 _FB_USAGE_PROTOTYPE = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_uint, ctypes.POINTER(ctypes.c_ulonglong))
@@ -78,6 +125,10 @@ class FakeNvml:
         self.vgpu_utilization_since: list[int] = []
         self.initialized = False
         self._c_fb_usage = _FB_USAGE_PROTOTYPE(self._c_vgpu_fb_usage)
+        self.nvmlEventTypeXidCriticalError = pynvml.nvmlEventTypeXidCriticalError
+        self.registered: list[FakeGpu] = []
+        self.pending_events: queue.Queue = queue.Queue()
+        self.event_set_freed = False
 
     # -- plumbing ---------------------------------------------------------------------------
 
@@ -183,6 +234,101 @@ class FakeNvml:
         self._enter("nvmlDeviceGetVirtualizationMode", h)
         return h.mode
 
+    # -- health -----------------------------------------------------------------------------
+
+    def _supported(self, name: str, h: FakeGpu, value):
+        self._enter(name, h)
+        if value is None:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return value
+
+    def nvmlDeviceGetEccMode(self, h):
+        return list(self._supported("nvmlDeviceGetEccMode", h, h.ecc_mode))
+
+    def nvmlDeviceGetTotalEccErrors(self, h, error_type, counter_type):
+        self._supported("nvmlDeviceGetTotalEccErrors", h, h.ecc_mode)
+        return h.ecc_errors.get((error_type, counter_type), 0)
+
+    def nvmlDeviceGetRetiredPages(self, h, cause):
+        return list(self._supported("nvmlDeviceGetRetiredPages", h, h.retired_pages).get(cause, []))
+
+    def nvmlDeviceGetRetiredPagesPendingStatus(self, h):
+        return self._supported("nvmlDeviceGetRetiredPagesPendingStatus", h, h.retired_pages_pending)
+
+    def nvmlDeviceGetRemappedRows(self, h):
+        return self._supported("nvmlDeviceGetRemappedRows", h, h.remapped_rows)
+
+    def nvmlDeviceGetPcieReplayCounter(self, h):
+        return self._supported("nvmlDeviceGetPcieReplayCounter", h, h.pcie_replay)
+
+    def nvmlDeviceGetFanSpeed(self, h):
+        return self._supported("nvmlDeviceGetFanSpeed", h, h.fan_pct)
+
+    def nvmlDeviceGetTemperatureThreshold(self, h, threshold):
+        return self._supported("nvmlDeviceGetTemperatureThreshold", h, h.temp_thresholds.get(threshold))
+
+    def nvmlDeviceGetEnforcedPowerLimit(self, h):
+        return self._supported("nvmlDeviceGetEnforcedPowerLimit", h, h.power_limit_mw)
+
+    def nvmlDeviceGetPerformanceState(self, h):
+        return self._supported("nvmlDeviceGetPerformanceState", h, h.pstate)
+
+    # -- host-wide ----------------------------------------------------------------------------
+
+    driver_version = "580.159.04"
+    nvml_version = "12.580.159.04"
+    cuda_driver_version = 13000
+    # nvmlGetVgpuVersion: ((supported min, max), (current min, max)), major in bits 31:16.
+    vgpu_versions: tuple | None = None
+
+    def nvmlSystemGetDriverVersion(self):
+        self._enter("nvmlSystemGetDriverVersion")
+        return self.driver_version
+
+    def nvmlSystemGetNVMLVersion(self):
+        self._enter("nvmlSystemGetNVMLVersion")
+        return self.nvml_version
+
+    def nvmlSystemGetCudaDriverVersion(self):
+        self._enter("nvmlSystemGetCudaDriverVersion")
+        return self.cuda_driver_version
+
+    def nvmlGetVgpuVersion(self):
+        self._enter("nvmlGetVgpuVersion")
+        if self.vgpu_versions is None:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return [tuple(r) for r in self.vgpu_versions]
+
+    # -- XID events ---------------------------------------------------------------------------
+
+    def xid(self, index: int, code: int) -> None:
+        """The driver raising critical XID `code` on GPU `index`."""
+        self.pending_events.put((self.gpus[index], code))
+
+    def nvmlEventSetCreate(self):
+        self._enter("nvmlEventSetCreate")
+        return "event-set"
+
+    def nvmlDeviceRegisterEvents(self, h, event_types, event_set):
+        self._enter("nvmlDeviceRegisterEvents", h)
+        assert event_types == pynvml.nvmlEventTypeXidCriticalError
+        assert event_set == "event-set"
+        if not h.xid_supported:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        self.registered.append(h)
+
+    def nvmlEventSetWait(self, event_set, timeout_ms):
+        self.calls["nvmlEventSetWait"] += 1
+        try:
+            gpu, code = self.pending_events.get(timeout=timeout_ms / 1000)
+        except queue.Empty:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_TIMEOUT) from None
+        return _Event(gpu, pynvml.nvmlEventTypeXidCriticalError, code)
+
+    def nvmlEventSetFree(self, event_set):
+        self._enter("nvmlEventSetFree")
+        self.event_set_freed = True
+
     # -- vGPU host --------------------------------------------------------------------------
 
     def _host_only(self, name: str, h: FakeGpu) -> None:
@@ -259,6 +405,42 @@ class FakeNvml:
         gpu, vgpu = self._vgpu(instance)
         self._enter("nvmlVgpuInstanceGetEncoderStats", gpu)
         return vgpu.encoder_stats
+
+    def nvmlVgpuInstanceGetLicenseInfo_v2(self, instance):
+        gpu, vgpu = self._vgpu(instance)
+        self._enter("nvmlVgpuInstanceGetLicenseInfo_v2", gpu)
+        info = pynvml.c_nvmlVgpuLicenseInfo_t()
+        info.isLicensed = 1 if vgpu.is_licensed else 0
+        expiry = info.licenseExpiry
+        (expiry.year, expiry.month, expiry.day, expiry.hour, expiry.min, expiry.sec,
+         expiry.status) = vgpu.license_expiry
+        info.currentState = vgpu.license_state
+        return info
+
+    def nvmlVgpuInstanceGetLicenseStatus(self, instance):
+        gpu, vgpu = self._vgpu(instance)
+        self._enter("nvmlVgpuInstanceGetLicenseStatus", gpu)
+        return 1 if vgpu.is_licensed else 0
+
+    def nvmlVgpuInstanceGetVmDriverVersion(self, instance):
+        gpu, vgpu = self._vgpu(instance)
+        self._enter("nvmlVgpuInstanceGetVmDriverVersion", gpu)
+        return vgpu.guest_driver
+
+    def nvmlVgpuInstanceGetFrameRateLimit(self, instance):
+        gpu, vgpu = self._vgpu(instance)
+        self._enter("nvmlVgpuInstanceGetFrameRateLimit", gpu)
+        if vgpu.frame_rate_limit is None:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return vgpu.frame_rate_limit
+
+    def nvmlVgpuInstanceGetMetadata(self, instance):
+        gpu, vgpu = self._vgpu(instance)
+        self._enter("nvmlVgpuInstanceGetMetadata", gpu)
+        metadata = pynvml.c_nvmlVgpuMetadata_t()
+        metadata.guestInfoState = vgpu.guest_info_state
+        metadata.guestDriverVersion = vgpu.guest_driver.encode()
+        return metadata
 
     def nvmlVgpuInstanceGetFbUsage(self, instance):
         """pynvml's wrapper: a c_uint buffer, so the reading wraps at 4 GiB."""

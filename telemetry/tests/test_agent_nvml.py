@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import json
+import time
 
 import pynvml
 import pytest
@@ -54,6 +56,29 @@ def test_bare_metal_gpu_reports_every_metric_in_protocol_units():
         "power_w": 87.5,
         "sm_clock_mhz": 1770,
         "clocks_event_reasons": 4,
+        "health": {
+            "ecc_mode": "enabled",
+            "ecc_corrected_volatile": 0,
+            "ecc_uncorrected_volatile": 0,
+            "ecc_corrected_aggregate": 0,
+            "ecc_uncorrected_aggregate": 0,
+            "retired_pages_sbe": None,
+            "retired_pages_dbe": None,
+            "retired_pages_pending": None,
+            "remapped_rows_correctable": 0,
+            "remapped_rows_uncorrectable": 0,
+            "remapped_rows_pending": False,
+            "remapped_rows_failure": False,
+            "throttle_reasons": ["sw_power_cap"],
+            "pcie_replay_counter": 0,
+            "fan_speed_pct": None,
+            "temp_slowdown_c": 89.0,
+            "temp_shutdown_c": 95.0,
+            "power_limit_w": 250.0,
+            "performance_state": "P0",
+            "xid_events": [],
+            "unsupported": ["retired_pages_sbe", "retired_pages_dbe", "retired_pages_pending", "fan_speed_pct"],
+        },
         "scheduler": None,
         "vgpus": [],
         "errors": {},
@@ -176,6 +201,13 @@ def test_vgpu_host_reports_each_vgpu_with_its_vm_and_profile():
             "enc_sessions": 1,
             "enc_fps": 60,
             "enc_latency_us": 2800,
+            "license_state": "licensed",
+            "license_expiry": 1798761599.0,
+            "guest_driver_version": "580.95.05",
+            "frame_rate_limit": 60,
+            "encoder_sessions": 1,
+            "guest_info_state": "initialized",
+            "unsupported": [],
         },
         {
             "instance_id": 9,
@@ -194,6 +226,13 @@ def test_vgpu_host_reports_each_vgpu_with_its_vm_and_profile():
             "enc_sessions": 1,
             "enc_fps": 60,
             "enc_latency_us": 2800,
+            "license_state": "licensed",
+            "license_expiry": 1798761599.0,
+            "guest_driver_version": "580.95.05",
+            "frame_rate_limit": 60,
+            "encoder_sessions": 1,
+            "guest_info_state": "initialized",
+            "unsupported": [],
         },
     ]
     assert gpu["errors"] == {}
@@ -395,3 +434,208 @@ def test_frame_buffer_falls_back_to_v1_where_the_driver_lacks_v2():
     assert gpu["fb_used_mib"] == 1600, "v1 counts reserved memory as used; that is all an old driver gives"
     assert gpu["fb_reserved_mib"] is None
     assert gpu["errors"] == {}
+
+
+# -- health (issue 19) ------------------------------------------------------------------------
+
+
+def test_health_reports_injected_faults_and_names_throttle_flags():
+    faulty = FakeGpu(
+        clock_reasons=0x40 | 0x4,
+        ecc_errors={(pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, pynvml.NVML_VOLATILE_ECC): 3,
+                    (pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, pynvml.NVML_AGGREGATE_ECC): 7},
+        remapped_rows=(2, 1, 1, 0),
+        retired_pages={pynvml.NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR: [0x1000, 0x2000]},
+        retired_pages_pending=1,
+        fan_pct=85,
+        pstate=2,
+    )
+    health = poll(NvmlBackend(FakeNvml([faulty])))["health"]
+
+    assert health["throttle_reasons"] == ["sw_power_cap", "hw_thermal_slowdown"]
+    assert (health["ecc_uncorrected_volatile"], health["ecc_uncorrected_aggregate"]) == (3, 7)
+    assert health["ecc_corrected_volatile"] == 0
+    assert (health["retired_pages_sbe"], health["retired_pages_dbe"], health["retired_pages_pending"]) == (0, 2, True)
+    assert health["remapped_rows_uncorrectable"] == 1
+    assert health["remapped_rows_pending"] is True
+    assert health["remapped_rows_failure"] is False
+    assert health["fan_speed_pct"] == 85.0
+    assert health["performance_state"] == "P2"
+    assert health["unsupported"] == []
+
+
+def test_unsupported_health_fields_are_null_listed_and_not_asked_again():
+    nvml = FakeNvml([FakeGpu(ecc_mode=None, remapped_rows=None, xid_supported=False)])
+    backend = NvmlBackend(nvml)
+    first, second = poll(backend), poll(backend)
+
+    for gpu in (first, second):
+        health = gpu["health"]
+        for field in ("ecc_mode", "ecc_uncorrected_volatile", "remapped_rows_failure", "xid_events", "fan_speed_pct"):
+            assert health[field] is None, field
+            assert field in health["unsupported"], field
+        assert gpu["errors"] == {}
+    assert nvml.calls["nvmlDeviceGetRemappedRows"] == 1
+    assert nvml.calls["nvmlDeviceGetTotalEccErrors"] == 4
+
+
+def test_transient_health_error_is_named_in_errors_and_retried():
+    nvml = FakeNvml([FakeGpu()])
+    backend = NvmlBackend(nvml)
+    nvml.errors["nvmlDeviceGetRemappedRows"] = pynvml.NVML_ERROR_GPU_IS_LOST
+    broken = poll(backend)
+    del nvml.errors["nvmlDeviceGetRemappedRows"]
+    healed = poll(backend)
+
+    assert broken["health"]["remapped_rows_uncorrectable"] is None
+    assert set(broken["errors"]) == {"remapped_rows_correctable", "remapped_rows_uncorrectable",
+                                     "remapped_rows_pending", "remapped_rows_failure"}
+    assert "remapped_rows_failure" not in broken["health"]["unsupported"]
+    assert healed["health"]["remapped_rows_uncorrectable"] == 0
+    assert healed["errors"] == {}
+
+
+def test_fixed_health_values_are_read_once():
+    nvml = FakeNvml([FakeGpu()])
+    backend = NvmlBackend(nvml)
+    for _ in range(3):
+        assert poll(backend)["health"]["temp_shutdown_c"] == 95.0
+
+    assert nvml.calls["nvmlDeviceGetEccMode"] == 1
+    assert nvml.calls["nvmlDeviceGetTemperatureThreshold"] == 2
+    assert nvml.calls["nvmlDeviceGetPcieReplayCounter"] == 3
+
+
+def test_throttle_reasons_unsupported_with_the_clocks_event_reasons():
+    nvml = FakeNvml([FakeGpu()])
+    nvml.errors["nvmlDeviceGetCurrentClocksEventReasons"] = pynvml.NVML_ERROR_NOT_SUPPORTED
+    nvml.errors["nvmlDeviceGetCurrentClocksThrottleReasons"] = pynvml.NVML_ERROR_NOT_SUPPORTED
+    health = poll(NvmlBackend(nvml))["health"]
+
+    assert health["throttle_reasons"] is None
+    assert "throttle_reasons" in health["unsupported"]
+
+
+def _polls_until_xids(backend: NvmlBackend, expected: int) -> list[dict]:
+    """Poll until `expected` XIDs have been reported (the event thread hands them over within its
+    200 ms wait); returns every poll's GPU dicts. Gives up after 5 s of polls."""
+    polls, seen = [], 0
+    deadline = time.monotonic() + 5
+    while seen < expected and time.monotonic() < deadline:
+        gpus = json.loads(json.dumps(backend.collect()))
+        polls.append(gpus)
+        seen += sum(len(gpu["health"]["xid_events"] or []) for gpu in gpus)
+        time.sleep(0.02)
+    return polls
+
+
+def test_xid_events_are_reported_once_on_their_gpu():
+    nvml = FakeNvml([FakeGpu(), FakeGpu(uuid="GPU-other", bus_id="00000000:5E:00.0")])
+    backend = NvmlBackend(nvml)
+    try:
+        assert [gpu["health"]["xid_events"] for gpu in backend.collect()] == [[], []]
+        before = time.time()
+        nvml.xid(1, 79)
+        nvml.xid(1, 48)
+        polls = _polls_until_xids(backend, 2)
+        polls += [json.loads(json.dumps(backend.collect())) for _ in range(2)]
+    finally:
+        backend.close()
+
+    reported = [event for gpus in polls for event in gpus[1]["health"]["xid_events"]]
+    assert [event["code"] for event in reported] == [79, 48], "each XID once, in order"
+    assert all(before - 1 <= event["at"] <= time.time() + 1 for event in reported), "dated when they arrived"
+    assert all(gpus[0]["health"]["xid_events"] == [] for gpus in polls), "only on the GPU that raised it"
+    assert polls[-1][1]["health"]["xid_events"] == []
+    assert nvml.registered == nvml.gpus
+    assert nvml.event_set_freed
+
+
+def test_xid_registration_not_supported_on_one_gpu_leaves_the_other_watched():
+    nvml = FakeNvml([FakeGpu(xid_supported=False), FakeGpu(uuid="GPU-other", bus_id="00000000:5E:00.0")])
+    backend = NvmlBackend(nvml)
+    try:
+        nvml.xid(1, 13)
+        polls = _polls_until_xids(backend, 1)
+    finally:
+        backend.close()
+
+    assert polls[0][0]["health"]["xid_events"] is None
+    assert "xid_events" in polls[0][0]["health"]["unsupported"]
+    assert [e["code"] for gpus in polls for e in gpus[1]["health"]["xid_events"]] == [13]
+
+
+def test_driver_block_reports_versions_and_no_vgpu_release():
+    nvml = FakeNvml([FakeGpu()])
+    backend = NvmlBackend(nvml)
+    block = json.loads(json.dumps(backend.driver()))
+    backend.driver()
+
+    assert block == {
+        "driver_version": "580.159.04",
+        "vgpu_manager_version": None,
+        "nvml_version": "12.580.159.04",
+        "cuda_driver_version": 13000,
+        "unsupported": ["vgpu_manager_version"],
+        "errors": {},
+    }
+    assert nvml.calls["nvmlSystemGetDriverVersion"] == 1, "versions do not change while NVML is up"
+
+
+def test_vgpu_licence_expiry_guest_driver_and_state():
+    host = vgpu_host()
+    host.vgpus[1].is_licensed = False
+    host.vgpus[1].license_expiry = (0, 0, 0, 0, 0, 0, 0)  # NOT_AVAILABLE
+    host.vgpus[1].license_state = 4
+    host.vgpus[1].frame_rate_limit = None
+    gpu = poll(NvmlBackend(FakeNvml([host])))
+    modeling, texturing = gpu["vgpus"]
+
+    assert modeling["license_state"] == "licensed"
+    assert modeling["license_expiry"] == dt.datetime(2026, 12, 31, 23, 59, 59, tzinfo=dt.UTC).timestamp()
+    assert texturing["license_state"] == "unlicensed"
+    assert texturing["license_expiry"] is None
+    assert texturing["frame_rate_limit"] is None
+    assert texturing["unsupported"] == ["frame_rate_limit"], "the limiter is off for this vGPU"
+    assert gpu["errors"] == {}
+
+
+def test_vgpu_booting_guest_has_no_licence_state_or_driver_yet():
+    host = vgpu_host()
+    host.vgpus[0].license_state = 1  # UNINITIALIZED
+    host.vgpus[0].is_licensed = False
+    host.vgpus[0].guest_driver = "Not Available"
+    host.vgpus[0].guest_info_state = 0
+    row = poll(NvmlBackend(FakeNvml([host])))["vgpus"][0]
+
+    assert (row["license_state"], row["guest_driver_version"], row["guest_info_state"]) == (None, None, "uninitialized")
+    assert row["unsupported"] == []
+
+
+def test_older_driver_without_licence_info_falls_back_to_licence_status():
+    nvml = FakeNvml([vgpu_host()])
+    nvml.errors["nvmlVgpuInstanceGetLicenseInfo_v2"] = pynvml.NVML_ERROR_FUNCTION_NOT_FOUND
+    backend = NvmlBackend(nvml)
+    first, second = poll(backend)["vgpus"][0], poll(backend)["vgpus"][0]
+
+    for row in (first, second):
+        assert row["license_state"] == "licensed"
+        assert row["license_expiry"] is None
+        assert row["unsupported"] == ["license_expiry"]
+    assert nvml.calls["nvmlVgpuInstanceGetLicenseInfo_v2"] == 2, "once per instance"
+    assert nvml.calls["nvmlVgpuInstanceGetLicenseStatus"] == 4
+
+
+def test_vgpu_transient_licence_error_is_reported_and_retried():
+    nvml = FakeNvml([vgpu_host()])
+    backend = NvmlBackend(nvml)
+    nvml.errors["nvmlVgpuInstanceGetLicenseInfo_v2"] = pynvml.NVML_ERROR_UNKNOWN
+    broken = poll(backend)
+    del nvml.errors["nvmlVgpuInstanceGetLicenseInfo_v2"]
+    healed = poll(backend)
+
+    assert broken["vgpus"][0]["license_state"] is None
+    assert "vgpu_license_state" in broken["errors"]
+    assert broken["vgpus"][0]["unsupported"] == []
+    assert healed["vgpus"][0]["license_state"] == "licensed"
+    assert healed["errors"] == {}
