@@ -48,6 +48,7 @@ run: install $(DEMO_SECRETS)
 	DEMO_ADMIN_PASSWORD="$${DEMO_ADMIN_PASSWORD:-$$(cat var/demo-admin-password)}" \
 	DEMO_ARTIST_PASSWORD="$${DEMO_ARTIST_PASSWORD:-$$(cat var/demo-artist-password)}" \
 	$(BIN)/python manage.py seed_demo
+	$(BIN)/python manage.py demo_alerts
 	$(BIN)/python manage.py demo_hypervisors
 	$(BIN)/python manage.py hypervisor_sync
 	$(BIN)/python manage.py demo_agents --base-port $(AGENT_PORT)

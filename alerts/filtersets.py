@@ -1,8 +1,10 @@
 """FilterSets of the alerts app, shared by the API and the pages (as `fleet.filtersets`)."""
 
 import django_filters
+from django.db.models import Q
+from django.utils import timezone
 
-from alerts.models import Alert, AlertState, Severity
+from alerts.models import Alert, AlertState, Severity, Silence
 from alerts.rules import RULES
 from fleet.filtersets import IdOrNameFilter
 from fleet.models import Gpu, Host
@@ -26,3 +28,18 @@ class AlertFilterSet(django_filters.FilterSet):
         if value == "open":
             return queryset.filter(state__in=[AlertState.FIRING, AlertState.ACKNOWLEDGED])
         return queryset.filter(state=value)
+
+
+class SilenceFilterSet(django_filters.FilterSet):
+    """Silences by whether they hold now."""
+
+    active = django_filters.BooleanFilter(method="filter_active", label="In force now")
+
+    class Meta:
+        model = Silence
+        fields = ["active"]
+
+    def filter_active(self, queryset, name, value):
+        now = timezone.now()
+        held = Q(starts_at__lte=now, ends_at__gt=now)
+        return queryset.filter(held) if value else queryset.exclude(held)

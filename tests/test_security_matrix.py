@@ -35,6 +35,9 @@ from django.test.client import MULTIPART_CONTENT
 from django.urls import URLPattern, URLResolver, get_resolver
 from django.utils import timezone
 
+from alerts import services as alert_services
+from alerts.evaluate import ensure_rules
+from alerts.models import Alert, LicencePool
 from fleet import requests as request_service
 from fleet import services
 from fleet.api_tokens import issue_token
@@ -111,6 +114,15 @@ def security_world(fleet_world, admin_user) -> W:
     # An in-app channel (a test through it succeeds without a network) and one delivery of it.
     w.channel, _ = notify_services.save_channel(NotificationChannel(), name="matrix channel", kind="in_app")
     w.delivery = notify_services.send_test(w.channel)
+    # An open alert on Ana's GPU, a silence of it, and a licence pool.
+    rules = ensure_rules()
+    w.alert = Alert.objects.create(rule=rules["xid"], key=f"xid:gpu:{w.gpu_a.pk}:79", severity="critical",
+                                   title="XID 79 on the matrix GPU", summary="fell off the bus", host=w.host_a,
+                                   gpu=w.gpu_a)
+    w.alert.vms.add(w.vm_a)
+    w.silence = alert_services.create_silence(admin_user, reason="matrix", alert=w.alert,
+                                              ends_at=now + timedelta(hours=1))
+    w.pool = LicencePool.objects.create(edition="vws", owned=10)
     return w
 
 
@@ -265,6 +277,21 @@ ROWS = [
     Row("alerts/channels/{pk}/delete/", lambda w: f"/alerts/channels/{w.channel.pk}/delete/", POST_ONLY_STAFF,
         Unsafe("post", _staff_form("/alerts/channels/"), lambda w: {})),
     Row("alerts/deliveries/", lambda w: "/alerts/deliveries/", PAGE_ADMINS),
+    # pages (alerts, licences, versions)
+    Row("alerts/", lambda w: "/alerts/", PAGE_ADMINS),
+    Row("alerts/{pk}/", lambda w: f"/alerts/{w.alert.pk}/", PAGE_ADMINS),
+    Row("alerts/{pk}/acknowledge/", lambda w: f"/alerts/{w.alert.pk}/acknowledge/", POST_ONLY_STAFF,
+        Unsafe("post", _staff_form("/alerts/{alert}/"), lambda w: {"note": "mine"})),
+    Row("alerts/{pk}/silence/", lambda w: f"/alerts/{w.alert.pk}/silence/", POST_ONLY_STAFF,
+        Unsafe("post", _staff_form("/alerts/{alert}/"), lambda w: {})),
+    Row("alerts/rules/", lambda w: "/alerts/rules/", PAGE_ADMINS,
+        Unsafe("post", _staff_form("/alerts/rules/"), lambda w: {})),
+    Row("alerts/silences/", lambda w: "/alerts/silences/", PAGE_ADMINS),
+    Row("alerts/silences/{pk}/end/", lambda w: f"/alerts/silences/{w.silence.pk}/end/", POST_ONLY_STAFF,
+        Unsafe("post", _staff_form("/alerts/silences/"), lambda w: {})),
+    Row("licences/", lambda w: "/licences/", PAGE_ADMINS, Unsafe("post", _staff_form(200), lambda w: {},
+                                                                 MULTIPART_CONTENT)),
+    Row("versions/", lambda w: "/versions/", PAGE_ADMINS),
     # pages (sizing)
     Row("sizing/suggestions/", lambda w: "/sizing/suggestions/", PAGE_ADMINS),
     Row("sizing/suggestions/refresh/", lambda w: "/sizing/suggestions/refresh/", POST_ONLY_STAFF,
@@ -376,6 +403,27 @@ ROWS = [
     Row("api/v1/deliveries/", lambda w: "/api/v1/deliveries/", API_ADMINS, Unsafe("post", API_READ_ONLY, lambda w: {})),
     Row("api/v1/deliveries/{pk}/", lambda w: f"/api/v1/deliveries/{w.delivery.pk}/", API_ADMINS,
         Unsafe("delete", API_READ_ONLY)),
+    # API: alerts, their rules, silences and licences (admins only, reading included)
+    Row("api/v1/alerts/", lambda w: "/api/v1/alerts/", API_ADMINS, Unsafe("post", API_READ_ONLY, lambda w: {})),
+    Row("api/v1/alerts/{pk}/", lambda w: f"/api/v1/alerts/{w.alert.pk}/", API_ADMINS,
+        Unsafe("delete", API_READ_ONLY)),
+    Row("api/v1/alerts/{pk}/acknowledge/", lambda w: f"/api/v1/alerts/{w.alert.pk}/acknowledge/",
+        API_ADMIN_POST_ONLY, Unsafe("post", (401, 403, 403, 200, 200, 401))),
+    Row("api/v1/alert-rules/", lambda w: "/api/v1/alert-rules/", API_ADMINS,
+        Unsafe("post", API_READ_ONLY, lambda w: {})),
+    Row("api/v1/alert-rules/{pk}/", lambda w: f"/api/v1/alert-rules/{w.alert.rule_id}/", API_ADMINS,
+        Unsafe("patch", API_WRITE_ADMINS, lambda w: {"params": {"clear_after_minutes": 0}})),
+    Row("api/v1/silences/", lambda w: "/api/v1/silences/", API_ADMINS,
+        Unsafe("post", API_WRITE_ADMINS, lambda w: {})),
+    Row("api/v1/silences/{pk}/", lambda w: f"/api/v1/silences/{w.silence.pk}/", API_ADMINS,
+        Unsafe("delete", API_READ_ONLY)),
+    Row("api/v1/silences/{pk}/end/", lambda w: f"/api/v1/silences/{w.silence.pk}/end/", API_ADMIN_POST_ONLY,
+        Unsafe("post", (401, 403, 403, 200, 200, 401))),
+    Row("api/v1/licence-pools/", lambda w: "/api/v1/licence-pools/", API_ADMINS,
+        Unsafe("post", API_WRITE_ADMINS, lambda w: {})),
+    Row("api/v1/licence-pools/{pk}/", lambda w: f"/api/v1/licence-pools/{w.pool.pk}/", API_ADMINS,
+        Unsafe("patch", API_WRITE_ADMINS, lambda w: {"owned": -1})),
+    Row("api/v1/licences/", lambda w: "/api/v1/licences/", API_ADMINS, Unsafe("post", API_READ_ONLY, lambda w: {})),
     Row("api/v1/agents/{pk}/", lambda w: f"/api/v1/agents/{w.agent.pk}/", API_ADMINS,
         Unsafe("patch", API_WRITE_ADMINS, lambda w: {"timeout_s": -1})),
     Row("api/v1/agents/{pk}/rotate-token/", lambda w: f"/api/v1/agents/{w.agent.pk}/rotate-token/",
@@ -425,7 +473,7 @@ ROWS = [
 
 def _fill(expect: tuple, w: W) -> tuple:
     names = {"gpu": w.gpu_a.pk, "run": w.run.pk, "next_run": w.run.pk + 1, "host": w.host_a.pk,
-             "operation": w.operation.pk, "channel": w.channel.pk}
+             "operation": w.operation.pk, "channel": w.channel.pk, "alert": w.alert.pk}
     return tuple(e.format(**names) if isinstance(e, str) else e for e in expect)
 
 

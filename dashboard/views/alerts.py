@@ -22,7 +22,7 @@ from django.views.decorators.http import require_POST
 from alerts import drain, services, versions
 from alerts import licences as licence_queries
 from alerts.evaluate import ensure_rules
-from alerts.filtersets import AlertFilterSet
+from alerts.filtersets import AlertFilterSet, SilenceFilterSet
 from alerts.models import Alert, AlertRule, Edition, LicencePool, Severity, Silence
 from alerts.rules import RULES
 from config.errors import Refusal
@@ -146,8 +146,9 @@ def alert_silence(request, pk: int):
 
 class SilenceListView(TableListView):
     table_class = tables.SilenceTable
+    filterset_class = SilenceFilterSet
     template_name = "alerts/silence_list.html"
-    filter_fields = ()
+    filter_fields = ("active",)
     noun = "silences"
     csv_name = None
 
