@@ -34,7 +34,7 @@ from alerts.models import (
 )
 from fleet.models import VirtualMachine
 from notify.messages import Message
-from notify.services import dispatch, tell_artists
+from notify.services import dispatch_many, tell_artists
 
 log = logging.getLogger(__name__)
 
@@ -120,7 +120,7 @@ def reconcile(findings: list[rulebook.Finding], rules: dict[str, AlertRule], now
     silences = active_silences(now)
     open_alerts = {a.key: a for a in Alert.objects.select_for_update().filter(state__in=OPEN_STATES)}
     by_key = {f.key: f for f in findings}
-    fired, kept = [], []
+    fired, kept, changed_ids = [], [], set()
     for key, finding in by_key.items():
         rule = rules[finding.rule]
         quiet = silenced(silences, rule.pk, key, finding.host_id, finding.gpu_id)
@@ -131,11 +131,19 @@ def reconcile(findings: list[rulebook.Finding], rules: dict[str, AlertRule], now
                                 gpu_id=finding.gpu_id, first_seen=now, last_seen=now, silenced=quiet),
                           finding))
         else:
-            alert.severity, alert.title, alert.summary = finding.severity, finding.title[:200], finding.summary
-            alert.details, alert.last_seen, alert.silenced = finding.details, now, quiet
+            new_values = (finding.severity, finding.title[:200], finding.summary, finding.details, quiet)
+            if (alert.severity, alert.title, alert.summary, alert.details, alert.silenced) != new_values:
+                changed_ids.add(alert.pk)
+                alert.severity, alert.title, alert.summary, alert.details, alert.silenced = new_values
+            alert.last_seen = now
             kept.append(alert)
     if kept:
-        Alert.objects.bulk_update(kept, ["severity", "title", "summary", "details", "last_seen", "silenced"])
+        # Most evaluations change nothing but `last_seen`: one UPDATE for those, a bulk update of
+        # the few whose text, severity or silence changed.
+        Alert.objects.filter(pk__in=[alert.pk for alert in kept]).update(last_seen=now)
+        changed = [alert for alert in kept if alert.pk in changed_ids]
+        if changed:
+            Alert.objects.bulk_update(changed, ["severity", "title", "summary", "details", "silenced"])
     new = Alert.objects.bulk_create([alert for alert, _ in fired])
     links = [Alert.vms.through(alert_id=alert.pk, virtualmachine_id=vm_id)
              for alert, (_, finding) in zip(new, fired, strict=True) for vm_id in finding.vm_ids]
@@ -146,12 +154,8 @@ def reconcile(findings: list[rulebook.Finding], rules: dict[str, AlertRule], now
         alert.silenced = silenced(silences, alert.rule_id, alert.key, alert.host_id, alert.gpu_id)
     if gone:
         Alert.objects.bulk_update(gone, ["state", "resolved_at", "silenced"])
-    for alert, finding in zip(new, (f for _, f in fired), strict=True):
-        if not alert.silenced:
-            notify(alert, "firing", finding.vm_ids)
-    for alert in gone:
-        if not alert.silenced:
-            notify(alert, "resolved", ())
+    announce([(alert, "firing", finding.vm_ids) for alert, (_, finding) in zip(new, fired, strict=True)
+              if not alert.silenced] + [(alert, "resolved", ()) for alert in gone if not alert.silenced])
     return new, gone
 
 
@@ -159,17 +163,35 @@ def alert_url(alert: Alert) -> str:
     return reverse("alerts:alert", args=[alert.pk])
 
 
-def notify(alert: Alert, event: str, vm_ids: tuple[int, ...]) -> None:
-    """The admins' channels, and, for a firing alert about their VM or its GPU, the artists."""
+def message_of(alert: Alert, event: str, vm_ids: tuple[int, ...]) -> Message:
     title = alert.title if event == "firing" else f"Resolved: {alert.title}"
-    dispatch(Message(key=f"alert:{alert.pk}", event=event, severity=alert.severity, rule=alert.rule.kind,
-                     title=title, body=alert.summary, url=alert_url(alert),
-                     data={"alert": alert.pk, "rule": alert.rule.kind, "state": alert.state, "key": alert.key,
-                           "host": alert.host_id, "gpu": alert.gpu_id, "vms": list(vm_ids),
-                           "first_seen": alert.first_seen.isoformat(), "details": alert.details}))
-    if event == "firing" and alert.rule.kind in ARTIST_RULES and vm_ids:
-        vms = VirtualMachine.objects.filter(pk__in=vm_ids).select_related("artist__user")
-        tell_artists(vms, _artist_note(alert))
+    return Message(key=f"alert:{alert.pk}", event=event, severity=alert.severity, rule=alert.rule.kind,
+                   title=title, body=alert.summary, url=alert_url(alert),
+                   data={"alert": alert.pk, "rule": alert.rule.kind, "state": alert.state, "key": alert.key,
+                         "host": alert.host_id, "gpu": alert.gpu_id, "vms": list(vm_ids),
+                         "first_seen": alert.first_seen.isoformat(), "details": alert.details})
+
+
+def announce(events: list[tuple[Alert, str, tuple[int, ...]]]) -> None:
+    """The admins' channels for every event (one batch of deliveries); and for each VM under a
+    firing alert of ARTIST_RULES, one note to its artist about that VM only (the first such alert
+    of this evaluation names the problem: an alert storm is one note per VM, not one per alert)."""
+    if not events:
+        return
+    dispatch_many([message_of(alert, event, vm_ids) for alert, event, vm_ids in events])
+    note_of_vm: dict[int, str] = {}
+    for alert, event, vm_ids in events:
+        if event == "firing" and alert.rule.kind in ARTIST_RULES:
+            for vm_id in vm_ids:
+                note_of_vm.setdefault(vm_id, _artist_note(alert))
+    if not note_of_vm:
+        return
+    by_note: dict[str, list[VirtualMachine]] = {}
+    for vm in VirtualMachine.objects.filter(pk__in=note_of_vm, artist__user__isnull=False).select_related(
+            "artist__user"):
+        by_note.setdefault(note_of_vm[vm.pk], []).append(vm)
+    for note, vms in by_note.items():
+        tell_artists(vms, note)
 
 
 def _artist_note(alert: Alert) -> str:
@@ -185,17 +207,13 @@ def _artist_note(alert: Alert) -> str:
 
 
 def record_licence_usage(facts: rulebook.Facts, now: datetime) -> None:
-    """One point a minute per edition of the licence-use series (from this evaluation's facts)."""
-    if not facts.licences and not facts.pools:
+    """One point a minute per edition of the licence-use series (from this evaluation's counts)."""
+    counts = dict(facts.licence_counts)
+    for pool in facts.pools:
+        counts.setdefault(pool.edition, (0, 0))
+    if not counts:
         return
     minute = now.replace(second=0, microsecond=0)
-    counts: dict[str, list[int]] = {}
-    for lic in facts.licences:
-        if lic.edition:
-            pair = counts.setdefault(lic.edition, [0, 0])
-            pair[0 if lic.license_state == "licensed" else 1] += lic.license_state is not None
-    for pool in facts.pools:
-        counts.setdefault(pool.edition, [0, 0])
     LicenceUsage.objects.bulk_create(
         [LicenceUsage(ts=minute, edition=edition, in_use=used, unlicensed=lapsed)
          for edition, (used, lapsed) in counts.items()], ignore_conflicts=True)

@@ -9,7 +9,7 @@ from datetime import datetime, timedelta
 from django.db.models import Max
 from django.utils import timezone
 
-from alerts.gather import vgpu_licences
+from alerts.gather import licence_counts, vgpu_licences
 from alerts.models import Edition, LicencePool, LicenceUsage
 from fleet.models import VirtualMachine
 
@@ -34,13 +34,9 @@ def overview(days: int = 30, now: datetime | None = None) -> dict:
     now = now or timezone.now()
     since = now - timedelta(days=days)
     licences = vgpu_licences()
-    in_use: dict[str, int] = defaultdict(int)
-    lapsed: dict[str, int] = defaultdict(int)
-    for lic in licences:
-        if lic.edition and lic.license_state == "licensed":
-            in_use[lic.edition] += 1
-        elif lic.edition and lic.license_state == "unlicensed":
-            lapsed[lic.edition] += 1
+    counts = licence_counts()
+    in_use = {edition: used for edition, (used, _) in counts.items()}
+    lapsed = {edition: unlicensed for edition, (_, unlicensed) in counts.items()}
     owned = {pool.edition: pool for pool in LicencePool.objects.all()}
     series: dict[str, list[list]] = defaultdict(list)
     for ts, edition, used, unlicensed in LicenceUsage.objects.filter(ts__gte=since).order_by("ts").values_list(

@@ -249,7 +249,8 @@ class Facts:
     vgpu_windows: dict[int, list[VgpuWindow]] = field(default_factory=dict)
     gpu_states: list[GpuState] = field(default_factory=list)
     xids: list[XidFacts] = field(default_factory=list)
-    licences: list[VgpuLicence] = field(default_factory=list)
+    licences: list[VgpuLicence] = field(default_factory=list)  # unlicensed or expiring within the rule's days
+    licence_counts: dict[str, tuple[int, int]] = field(default_factory=dict)  # edition: (licensed, unlicensed)
     pools: list[Pool] = field(default_factory=list)
     hosts: list[HostVersions] = field(default_factory=list)
     schedulers: list[SchedulerFacts] = field(default_factory=list)

@@ -126,13 +126,19 @@ def dispatch(message: messages.Message) -> list[Delivery]:
     """One pending Delivery per enabled channel that takes `message` (its minimum severity and
     rules), each sent by a worker once the caller's transaction commits. Returns them (none when
     no channel takes it)."""
+    return dispatch_many([message])
+
+
+def dispatch_many(batch: list[messages.Message]) -> list[Delivery]:
+    """`dispatch` for several messages at once (an evaluation that opens hundreds of alerts): the
+    channels read once, the deliveries written in one statement, handed over after commit."""
     now = timezone.now()
-    channels = [channel for channel in NotificationChannel.objects.filter(enabled=True).order_by("pk")
-                if channel.takes(message)]
-    if not channels:
+    channels = list(NotificationChannel.objects.filter(enabled=True).order_by("pk"))
+    rows = [_delivery(channel, message, now) for message in batch for channel in channels if channel.takes(message)]
+    if not rows:
         return []
     with transaction.atomic():
-        deliveries = Delivery.objects.bulk_create([_delivery(channel, message, now) for channel in channels])
+        deliveries = Delivery.objects.bulk_create(rows)
         ids = [delivery.pk for delivery in deliveries]
         transaction.on_commit(lambda: [enqueue(pk) for pk in ids])
     return deliveries

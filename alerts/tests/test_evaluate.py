@@ -141,9 +141,11 @@ def test_a_licence_that_lapses_fires_once_and_resolves_when_licensed_again(world
 
 
 def fb_samples(world, start: datetime, minutes: int, fb_mib: float) -> None:
+    """Readings of Ana's vGPU every 10 s, as ingest stores them (with the inventory's vGPU row)."""
+    vgpu = world["vm"].vgpus.get()
     VgpuSample.objects.bulk_create([
-        VgpuSample(vm=world["vm"], gpu=world["gpu"], ts=start + timedelta(seconds=10 * i), fb_used_mib=fb_mib,
-                   util_gpu=40) for i in range(minutes * 6)])
+        VgpuSample(vm=world["vm"], gpu=world["gpu"], vgpu=vgpu, ts=start + timedelta(seconds=10 * i),
+                   fb_used_mib=fb_mib, util_gpu=40) for i in range(minutes * 6)])
 
 
 def test_a_frame_buffer_that_fills_fires_once_and_resolves_when_it_drains(world):
