@@ -217,3 +217,18 @@ def record_licence_usage(facts: rulebook.Facts, now: datetime) -> None:
     LicenceUsage.objects.bulk_create(
         [LicenceUsage(ts=minute, edition=edition, in_use=used, unlicensed=lapsed)
          for edition, (used, lapsed) in counts.items()], ignore_conflicts=True)
+
+
+#: Evaluations are kept a day: enough to see how long they take and whether one failed.
+KEEP_EVALUATIONS = timedelta(days=1)
+
+
+def prune(now: datetime | None = None) -> dict[str, int]:
+    """Delete resolved alerts and licence-use points older than ALERTS_KEEP_DAYS, and evaluations
+    older than a day. Open alerts are never deleted, however old."""
+    now = now or utc_now()
+    horizon = now - timedelta(days=settings.ALERTS_KEEP_DAYS)
+    alerts, _ = Alert.objects.filter(state=AlertState.RESOLVED, resolved_at__lt=horizon).delete()
+    usage, _ = LicenceUsage.objects.filter(ts__lt=horizon).delete()
+    evaluations, _ = Evaluation.objects.filter(started_at__lt=now - KEEP_EVALUATIONS).delete()
+    return {"alerts": alerts, "licence_usage": usage, "evaluations": evaluations}

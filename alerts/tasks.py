@@ -8,9 +8,14 @@ from __future__ import annotations
 
 from celery import shared_task
 
-from alerts.evaluate import evaluate
+from alerts.evaluate import evaluate, prune
 
 
 @shared_task(name="alerts.tasks.evaluate_alerts", ignore_result=True, soft_time_limit=100, time_limit=115)
 def evaluate_alerts() -> None:
     evaluate()
+
+
+@shared_task(name="alerts.tasks.prune_alerts", ignore_result=True, soft_time_limit=240, time_limit=300)
+def prune_alerts() -> None:
+    prune()

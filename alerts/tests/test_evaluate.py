@@ -11,6 +11,7 @@ import pytest
 
 from alerts import services
 from alerts.evaluate import evaluate as evaluate_once
+from alerts.evaluate import prune
 from alerts.models import Alert, AlertRule, AlertState, Evaluation, EvaluationLease, LicencePool, LicenceUsage
 from fleet import services as fleet_services
 from fleet.models import Notification
@@ -235,3 +236,18 @@ def test_licence_use_is_recorded_once_a_minute_per_edition_and_the_pool_rule_fir
     (alert,) = alerts_of("licence_pool")
     assert "100%" in alert.title
 
+
+
+def test_prune_keeps_open_alerts_and_recent_history(world, settings):
+    settings.ALERTS_KEEP_DAYS = 30
+    XidError.objects.create(gpu=world["gpu"], code=79, at=T0 - timedelta(minutes=1))
+    evaluate(T0)
+    evaluate(T0 + timedelta(minutes=62))  # resolved
+    XidError.objects.create(gpu=world["gpu"], code=13, at=T0 + timedelta(days=40))
+    evaluate(T0 + timedelta(days=40, minutes=1))  # another, still open
+    LicenceUsage.objects.create(ts=T0, edition="vws", in_use=1, unlicensed=0)
+    removed = prune(T0 + timedelta(days=40, minutes=2))
+    assert removed["alerts"] >= 1
+    assert [a.details["code"] for a in alerts_of("xid")] == [13]
+    assert not LicenceUsage.objects.filter(ts=T0).exists()
+    assert Evaluation.objects.filter(started_at__lt=T0 + timedelta(days=39)).count() == 0
