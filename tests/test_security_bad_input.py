@@ -241,6 +241,7 @@ def object_for(template: str, name: str, w) -> Any:
         "resize-requests": w.request, "notifications": w.note, "audit-events": w.event, "agents": w.agent,
         "workflow-presets": w.preset, "optimizer-runs": w.run, "operations": w.operation,
         "channels": w.channel, "notification-channels": w.channel, "deliveries": w.delivery,
+        "alerts": w.alert,
     }
     return by_segment[segment]
 

@@ -35,6 +35,7 @@ from django.test.client import MULTIPART_CONTENT
 from django.urls import URLPattern, URLResolver, get_resolver
 from django.utils import timezone
 
+from alerts.tests.worlds import gpu_alert
 from fleet import requests as request_service
 from fleet import services
 from fleet.api_tokens import issue_token
@@ -111,6 +112,8 @@ def security_world(fleet_world, admin_user) -> W:
     # An in-app channel (a test through it succeeds without a network) and one delivery of it.
     w.channel, _ = notify_services.save_channel(NotificationChannel(), name="matrix channel", kind="in_app")
     w.delivery = notify_services.send_test(w.channel)
+    # A health alert about Ana's GPU (draining it plans moving her VM; each request is rolled back).
+    w.alert = gpu_alert(w.gpu_a)
     return w
 
 
@@ -265,6 +268,9 @@ ROWS = [
     Row("alerts/channels/{pk}/delete/", lambda w: f"/alerts/channels/{w.channel.pk}/delete/", POST_ONLY_STAFF,
         Unsafe("post", _staff_form("/alerts/channels/"), lambda w: {})),
     Row("alerts/deliveries/", lambda w: "/alerts/deliveries/", PAGE_ADMINS),
+    # pages (alerts)
+    Row("alerts/{pk}/drain/", lambda w: f"/alerts/{w.alert.pk}/drain/", POST_ONLY_STAFF,
+        Unsafe("post", _staff_form("/sizing/optimizer/{next_run}/"), lambda w: {})),
     # pages (sizing)
     Row("sizing/suggestions/", lambda w: "/sizing/suggestions/", PAGE_ADMINS),
     Row("sizing/suggestions/refresh/", lambda w: "/sizing/suggestions/refresh/", POST_ONLY_STAFF,
@@ -414,6 +420,9 @@ ROWS = [
     Row("api/v1/optimizer-runs/{pk}/", lambda w: f"/api/v1/optimizer-runs/{w.run.pk}/", API_ADMINS),
     Row("api/v1/optimizer-runs/{pk}/apply/", lambda w: f"/api/v1/optimizer-runs/{w.run.pk}/apply/",
         API_ADMIN_POST_ONLY, Unsafe("post", (401, 403, 403, 200, 200, 401))),
+    # API: alerts (staff only)
+    Row("api/v1/alerts/{pk}/drain/", lambda w: f"/api/v1/alerts/{w.alert.pk}/drain/", API_ADMIN_POST_ONLY,
+        Unsafe("post", (401, 403, 403, 202, 202, 401))),
     # schema, docs, probes
     Row("api/schema/", lambda w: "/api/schema/", API_SIGNED_IN),
     Row("api/docs/", lambda w: "/api/docs/", API_SIGNED_IN),
