@@ -10,6 +10,7 @@ runs them in order and turns the layout found into a plan:
 - `ruin_and_recreate`: take a few GPUs apart at once and pack their VMs again (exchanges a
   drain cannot find), and make room for changes that found none;
 - `restore_moved`: VMs the search moved for nothing go back to their own GPUs;
+- `evacuate`: empty the GPUs an admin drains, moving only the VMs on them;
 - `ffd_layout` and `relabel`: first-fit decreasing from an empty fleet, the baseline and guard.
 """
 
@@ -231,6 +232,53 @@ def _drain(layout: Layout, gpu: WorkGpu) -> bool:
             layout.rollback(mark)
             return False
     return True
+
+
+def evacuate(layout: Layout, gpu_ids: Iterable[int]) -> dict[int, str]:
+    """Move every VM off the GPUs `gpu_ids` (closed in `layout`, so nothing lands on them),
+    moving no other VM; returns the VMs that found no room, with why (they stay where they are).
+
+    The VMs go largest frame buffer first (the hardest to place, while room is widest). Each VM
+    takes the vGPUs it has there to the fullest GPU with room on its own host, then to an empty
+    one there; a VM of one vGPU may go to another host whose vCPU and RAM allow; a VM with vGPUs
+    on other GPUs of its host moves whole to another host if its host has no room.
+    """
+    drained = set(gpu_ids)
+    on_drained: dict[int, int] = Counter()
+    for gpu_id in sorted(drained):
+        for v in layout.gpus[gpu_id].vgpus:
+            on_drained[v.vm_id] += v.profile.fb_mib
+    left: dict[int, str] = {}
+    for vm_id in sorted(on_drained, key=lambda i: (-on_drained[i], i)):
+        vm = layout.vms[vm_id]
+        here = [p for g, p in vm.vgpus if g in drained]
+        mark = layout.mark()
+        host_id = vm.host_id
+        moved = layout.remove(vm, [g for g, _ in vm.vgpus if g in drained]) and place_vm(
+            layout, vm, here, prefer_host=host_id)
+        if not moved and len(here) < len(vm.vgpus):
+            layout.rollback(mark)
+            profiles = [p for _, p in vm.vgpus]
+            moved = layout.remove(vm) and place_vm(layout, vm, profiles, prefer_host=host_id)
+        if not moved:
+            layout.rollback(mark)
+            left[vm_id] = _evacuation_refusal(layout, vm, here, drained)
+    return left
+
+
+def _evacuation_refusal(layout: Layout, vm: WorkVm, profiles: Sequence[ProfileSpec], drained: set[int]) -> str:
+    """Why `vm` found no room off the drained GPUs, asked with its vGPUs there taken off."""
+    profile = profiles[0]
+    if not layout.gpus_by_model.get(profile.gpu_model):
+        return (f"no other {profile.gpu_model} GPU in vGPU mode can take {len(profiles)} x {profile.name} "
+                f"for VM {vm.name}")
+    mark = layout.mark()
+    try:
+        if layout.remove(vm, [g for g, _ in vm.vgpus if g in drained]):
+            return unplaced_reason(layout, vm, profiles)
+        return f"the vGPUs of VM {vm.name} left on a mixed-size GPU could not be arranged"
+    finally:
+        layout.rollback(mark)
 
 
 def _room_for(layout: Layout, gpu: WorkGpu) -> bool:

@@ -32,6 +32,15 @@ How a plan is found (`optimize`; the steps are in `sizing.consolidation`):
    (or nothing), so the plan returned passes `verify`.
 
 Objective: fewest GPUs holding a vGPU, then fewest VMs moved.
+
+**Draining GPUs** (`optimize(..., drained=...)`, for a GPU that is failing) is another
+objective: empty those GPUs and disturb nothing else. Consolidating at the same time would move
+VMs that are fine where they are (a drain would reshuffle the fleet to save GPUs), so a drain
+plan only makes the changes, then moves each VM still on a drained GPU to the fullest GPU with
+room (its own host first, then an empty GPU there, then other hosts; see
+`sizing.consolidation.evacuate`); no other VM moves, and nothing is placed on a drained GPU. A
+VM that finds no room stays where it is and is listed in `unplaced` with the reason; `verify`
+refuses a plan that puts a vGPU on a drained GPU or leaves one there without saying so.
 """
 
 from __future__ import annotations
@@ -47,11 +56,13 @@ from fleet import placement
 from fleet.placement import MAX_VGPUS_PER_VM, GpuState, PlacedVgpu, ProfileSpec, Violation, VmState, VmVgpu
 from fleet.snapshot import FleetSnapshot
 from sizing import consolidation as search
-from sizing.packing import Arrival, Layout, arrange_mixed, gpu_lower_bound
+from sizing.packing import DRAINED, Arrival, Layout, arrange_mixed, gpu_lower_bound
 
 ProgressCallback = Callable[[float, str], None]
 
 CONSOLIDATION = "consolidation"
+#: The reason of a move that takes a VM off a drained GPU (and the strategy of a drain plan).
+DRAIN = "drain"
 
 
 class PlanRule:
@@ -62,6 +73,7 @@ class PlanRule:
     MOVES = "plan_moves"  # the moves do not list exactly the VMs whose placement differs
     COUNTS = "plan_counts"  # GPU counts or freed / newly used GPUs do not match the layout
     UNKNOWN = "plan_unknown"  # an assignment names a VM, GPU or profile the fleet does not have
+    DRAINED = DRAINED  # a vGPU put on a drained GPU, or left there without being listed unplaced
 
 
 @dataclass(frozen=True)
@@ -113,7 +125,8 @@ class Plan:
 
     `lower_bound`: no layout of the vGPUs this plan holds uses fewer GPUs (see `lower_bound`).
     `unplaced`: the changes left out, with why; their VMs keep what they have. `changes`: the
-    changes the plan was asked to include (so `verify` can check them).
+    changes the plan was asked to include (so `verify` can check them). `drained`: the GPUs the
+    plan empties; a VM left on one is in `unplaced`, saying why.
     """
 
     assignments: tuple[Assignment, ...]
@@ -127,6 +140,7 @@ class Plan:
     seconds: float
     changes: tuple[Change, ...] = ()
     strategy: str = ""  # which candidate won: "consolidation", "first-fit decreasing", ...
+    drained: tuple[int, ...] = ()
 
     def to_json(self) -> dict:
         """The plan as JSON-serialisable data (lists and numbers), for OptimizerRun.result."""
@@ -143,6 +157,7 @@ class Plan:
             "seconds": round(self.seconds, 3),
             "changes": [asdict(c) for c in self.changes],
             "strategy": self.strategy,
+            "drained": list(self.drained),
         }
 
 
@@ -259,7 +274,8 @@ def _signature(pairs: Iterable[tuple[int, int]]) -> tuple:
 
 def _assemble(snapshot: FleetSnapshot, mapping: dict[int, list[tuple[int, ProfileSpec]]],
               arrival_order: dict[int, list[Arrival]], demand: _Demand, unplaced: dict[int, str],
-              started: float, strategy: str) -> Plan:
+              started: float, strategy: str, *, drained: frozenset[int] = frozenset(),
+              reason: str = CONSOLIDATION) -> Plan:
     """The plan for a target `mapping` (vm_id -> [(gpu_id, profile)]): VMs whose GPUs or
     profiles differ are moved, in an order that replays through `placement.check_placement`
     from the fleet with their vGPUs removed (raises _AssemblyError if it does not)."""
@@ -302,7 +318,7 @@ def _assemble(snapshot: FleetSnapshot, mapping: dict[int, list[tuple[int, Profil
             from_host_id=vm.host_id if vm.vgpus else None, to_host_id=to_host,
             from_profile_id=vm.vgpus[0].profile.id if vm.vgpus else None,
             to_profile_id=target[0][1].id if target else None,
-            reason=(change.source or "change") if change is not None and vm_id not in unplaced else CONSOLIDATION,
+            reason=(change.source or "change") if change is not None and vm_id not in unplaced else reason,
         ))
     placed_profiles = [p for vgpus in mapping.values() for _, p in vgpus]
     refused = {**demand.refused, **unplaced}
@@ -312,7 +328,7 @@ def _assemble(snapshot: FleetSnapshot, mapping: dict[int, list[tuple[int, Profil
         freed_gpu_ids=tuple(sorted(used_before - used_after)),
         newly_used_gpu_ids=tuple(sorted(used_after - used_before)),
         unplaced=tuple(sorted(refused.items())), seconds=time.perf_counter() - started,
-        changes=tuple(demand.changes.values()), strategy=strategy,
+        changes=tuple(demand.changes.values()), strategy=strategy, drained=tuple(sorted(drained)),
     )
 
 
@@ -442,13 +458,19 @@ def first_fit_decreasing(snapshot: FleetSnapshot, changes: Iterable[Change] = ()
 
 
 def optimize(snapshot: FleetSnapshot, changes: Iterable[Change] = (), *, progress: ProgressCallback | None = None,
-             time_limit_s: float = 10.0) -> Plan:
+             time_limit_s: float = 10.0, drained: Iterable[int] = ()) -> Plan:
     """A plan that makes `changes`, satisfies every placement rule, uses as few GPUs as it can
     and, among those layouts, moves as few VMs as it can (see the module docstring).
+
+    With `drained` GPU ids, the plan empties those GPUs instead, moving only their VMs (and
+    those `changes` name), never onto a drained GPU: see `drain`.
 
     `progress(fraction, stage)` is called now and then (at most ~10 times a second).
     `time_limit_s` bounds the search; the plan found by then is returned.
     """
+    drained = frozenset(drained)
+    if drained:
+        return drain(snapshot, drained, changes, progress=progress)
     started = time.perf_counter()
     # The search stops early enough to leave time for assembling the plan (a few percent).
     deadline = started + time_limit_s * 0.85
@@ -521,6 +543,39 @@ def optimize(snapshot: FleetSnapshot, changes: Iterable[Change] = (), *, progres
     return plan
 
 
+def drain(snapshot: FleetSnapshot, drained: Iterable[int], changes: Iterable[Change] = (), *,
+          progress: ProgressCallback | None = None) -> Plan:
+    """A plan that empties the GPUs `drained` (ids of GPUs failing or taken out of service): the
+    `changes` made first, then every VM still on a drained GPU moved where the rules allow
+    (`sizing.consolidation.evacuate`), no other VM moved, nothing placed on a drained GPU. A VM
+    that finds no room keeps its place and is in `unplaced` with why, so the admin sees what is
+    left on the GPU. No consolidation: a drain does not reshuffle the fleet."""
+    started = time.perf_counter()
+    drained = frozenset(g for g in drained if g in snapshot.gpus)
+    report = _Progress(progress)
+    report(0.0, "applying changes")
+    demand = _demand(snapshot, changes)
+    layout = Layout(snapshot, closed=drained)
+    failed = search.apply_changes(layout, snapshot, demand.profiles, demand.changes)
+    report(0.3, "draining")
+    left = search.evacuate(layout, drained)
+    unplaced = dict(failed)
+    for vm_id, why in left.items():
+        unplaced[vm_id] = "; ".join(filter(None, (failed.get(vm_id), f"it cannot leave the drained GPU: {why}")))
+    report(0.9, "assembling the plan")
+    arrivals = {g.id: list(g.arrivals) for g in layout.gpus.values()}
+    try:
+        plan = _assemble(snapshot, layout.mapping(), arrivals, demand, unplaced, started, DRAIN, drained=drained,
+                         reason=DRAIN)
+    except _AssemblyError as exc:
+        nothing = {vm.id: [(v.gpu_id, v.profile) for v in vm.vgpus] for vm in snapshot.vms.values()}
+        stuck = {v.vm_id for g in drained for v in snapshot.gpus[g].vgpus} | set(demand.changes)
+        skipped = {vm_id: f"the moves could not be arranged on the fleet ({exc})" for vm_id in stuck}
+        plan = _assemble(snapshot, nothing, {}, demand, skipped, started, "no change", drained=drained)
+    report(1.0, "done")
+    return plan
+
+
 # --- verification --------------------------------------------------------------------------
 
 def verify(snapshot: FleetSnapshot, plan: Plan) -> list[Violation]:
@@ -534,11 +589,14 @@ def verify(snapshot: FleetSnapshot, plan: Plan) -> list[Violation]:
     does not touch them; a host may be over capacity after an overcommit change), but it is
     against every VM that moves. Then: every VM named in a change the plan includes holds what
     it asked, every other VM kept its profiles and count, the moves list exactly the VMs whose
-    placement differs, and the GPU counts match the layout.
+    placement differs, and the GPU counts match the layout. On the plan's drained GPUs, only
+    the vGPUs of VMs that stay and are listed unplaced may remain.
     """
     violations: list[Violation] = []
     add = violations.append
     moved = {m.vm_id for m in plan.moves}
+    unplaced = {vm_id for vm_id, _ in plan.unplaced}
+    drained = set(plan.drained)
     gpus = {g.id: replace(g, vgpus=()) for g in snapshot.gpus.values()}
     claims, ram = Counter(), Counter()
     vm_host: dict[int, int | None] = {}
@@ -572,6 +630,12 @@ def verify(snapshot: FleetSnapshot, plan: Plan) -> list[Violation]:
                 add(Violation(placement.Rule.PLACEMENT_SLOT,
                               f"VM {vm.name}'s {profile.name} cannot sit at placement ID {a.placement_id} on GPU "
                               f"{gpu.label}"))
+        if gpu.id in drained and vm.id in moved:
+            add(Violation(PlanRule.DRAINED, f"the plan puts VM {vm.name}'s {profile.name} on GPU {gpu.label}, which it "
+                                            f"drains"))
+        elif gpu.id in drained and vm.id not in unplaced:
+            add(Violation(PlanRule.DRAINED, f"VM {vm.name} stays on GPU {gpu.label}, which the plan drains, and the "
+                                            f"plan does not say why"))
         gpus[gpu.id] = replace(gpu, vgpus=gpu.vgpus + (PlacedVgpu(profile, vm.id, a.placement_id),))
         placed_on_vm.setdefault(vm.id, []).append(VmVgpu(profile, gpu.id, gpu.host_id))
         target.setdefault(vm.id, []).append((gpu.id, profile.id, a.placement_id))
@@ -583,7 +647,6 @@ def verify(snapshot: FleetSnapshot, plan: Plan) -> list[Violation]:
             claims[gpu.host_id] += vm.vcpus
             ram[gpu.host_id] += vm.ram_gib
 
-    unplaced = {vm_id for vm_id, _ in plan.unplaced}
     changes = {c.vm_id: c for c in plan.changes if c.vm_id not in unplaced}
     differ = set()
     slots_now = _slots_now(snapshot)

@@ -3,13 +3,14 @@
 The optimizer itself is pure (`sizing.optimizer`); this module is its Django side:
 
 - `start_run` gathers the pending changes (pending resize requests, optionally the current
-  right-sizing suggestions, optionally what-if changes), stores them in the run's `params`
-  and queues `sizing.tasks.run_optimizer` once the run is committed. One run at a time may
+  right-sizing suggestions, optionally what-if changes) and the GPUs to drain, if any, stores
+  them in the run's `params` and queues `sizing.tasks.run_optimizer` once the run is committed. One run at a time may
   be queued or running: a plan is computed against the whole fleet, so two at once would
   only race each other for the worker. A run the task queue (Redis) cannot take is marked
   failed at once, saying so, rather than left queued where it would block every later run.
 - `execute_run` is the task's body: it claims the run by a conditional update, plans on a
-  snapshot of the fleet, writes its progress as it goes (its own autocommitted UPDATEs, so
+  snapshot of the fleet (a drain plans only the moves off the drained GPUs, see
+  `sizing.optimizer.drain`), writes its progress as it goes (its own autocommitted UPDATEs, so
   the page's progress bar moves while the worker computes), checks the plan against every
   placement rule and stores it with the names the page shows.
 - `apply_run` is the only way a plan reaches the fleet, and only at an admin's request: it
@@ -223,8 +224,12 @@ AUDITED_FIELDS = ["status", "stage", "created_by", "created_at", "applied_by", "
 
 
 def start_run(user, include_requests: bool = True, include_suggestions: bool = False,
-              vm_changes: Iterable[optimizer.Change] = ()) -> OptimizerRun:
+              vm_changes: Iterable[optimizer.Change] = (), drain_gpu_ids: Iterable[int] = ()) -> OptimizerRun:
     """Create a queued run with the pending changes it must include and send it to a worker.
+
+    With `drain_gpu_ids` the run is a drain: its plan moves every VM off those GPUs and nothing
+    onto them, and no other VM (the changes aside); `params` keeps their ids and names (the page
+    names them even once a GPU is gone). ValueError for an id that is not a GPU of the fleet.
 
     Raises RunInProgress (carrying that run) while another run is queued or running: the
     caller shows it rather than starting a second one. The task is sent only once the run
@@ -238,6 +243,7 @@ def start_run(user, include_requests: bool = True, include_suggestions: bool = F
         if running is not None:
             raise RunInProgress(running)
         changes, superseded = gather_changes(include_requests, include_suggestions, vm_changes)
+        drained = _drained_gpus(drain_gpu_ids)
         run = OptimizerRun.objects.create(
             created_by=user if user is not None and user.is_authenticated else None,
             params={
@@ -246,15 +252,35 @@ def start_run(user, include_requests: bool = True, include_suggestions: bool = F
                 "time_limit_s": SEARCH_TIME_LIMIT_S,
                 "changes": changes,
                 "superseded": superseded,
+                "drain_gpu_ids": sorted(drained),
+                "drain_gpus": {str(pk): name for pk, name in sorted(drained.items())},
             },
             stage="Queued",
         )
-        audit.record("optimizer_run.start", run, after=audit.snapshot(run, AUDITED_FIELDS),
-                     comment=f"{len(changes)} pending change(s); resize requests "
-                             f"{'included' if include_requests else 'left out'}, suggestions "
-                             f"{'included' if include_suggestions else 'left out'}")
+        comment = (f"{len(changes)} pending change(s); resize requests "
+                   f"{'included' if include_requests else 'left out'}, suggestions "
+                   f"{'included' if include_suggestions else 'left out'}")
+        if drained:
+            comment += f"; drain of GPU {', '.join(name for _, name in sorted(drained.items()))}"
+        audit.record("optimizer_run.start", run, after=audit.snapshot(run, AUDITED_FIELDS), comment=comment)
         transaction.on_commit(lambda: send_run(run))
     return run
+
+
+def _drained_gpus(gpu_ids: Iterable[int]) -> dict[int, str]:
+    """{id: name} of the GPUs a run drains; ValueError naming an id that is no GPU."""
+    wanted = set(gpu_ids)
+    found = {gpu.pk: str(gpu) for gpu in Gpu.objects.filter(pk__in=wanted).select_related("host", "gpu_model")}
+    missing = sorted(wanted - set(found))
+    if missing:
+        raise ValueError(f"No GPU #{missing[0]} in the fleet: it cannot be drained.")
+    return found
+
+
+def drained_gpus(run: OptimizerRun) -> list[str]:
+    """The names of the GPUs `run` drains (empty for a run that drains none)."""
+    names = run.params.get("drain_gpus", {})
+    return [names.get(str(pk), f"GPU #{pk}") for pk in run.params.get("drain_gpu_ids", [])]
 
 
 def enqueue(run_id: int) -> None:
@@ -346,7 +372,7 @@ def result_names(snapshot: FleetSnapshot, plan: optimizer.Plan, changes: Iterabl
     fleet again, and still reads right after the fleet has changed."""
     changes = list(changes)
     vm_ids = {m.vm_id for m in plan.moves} | {vm_id for vm_id, _ in plan.unplaced} | {c.vm_id for c in changes}
-    gpu_ids = set(plan.freed_gpu_ids) | set(plan.newly_used_gpu_ids)
+    gpu_ids = set(plan.freed_gpu_ids) | set(plan.newly_used_gpu_ids) | set(plan.drained)
     profile_ids = {c.profile_id for c in changes}
     for move in plan.moves:
         gpu_ids.update(move.from_gpu_ids)
@@ -406,11 +432,17 @@ def execute_run(run_id: int, *, progress_interval_s: float = PROGRESS_INTERVAL_S
         fingerprint = snapshot.fingerprint()
         OptimizerRun.objects.filter(pk=run_id).update(fleet_fingerprint=fingerprint)
         changes, dropped = changes_for(run.params, snapshot)
+        drained = run.params.get("drain_gpu_ids", [])
+        gone = [pk for pk in drained if pk not in snapshot.gpus]
+        if gone:
+            _fail(run_id, f"{drained_gpus(run)[drained.index(gone[0])]} is no longer in the fleet: there is "
+                          f"nothing to drain.")
+            return OptimizerStatus.FAILED
         writer = ProgressWriter(run_id, interval_s=progress_interval_s)
         writer(0.0, "Planning")
         plan = optimizer.optimize(
             snapshot, changes, progress=writer,
-            time_limit_s=float(run.params.get("time_limit_s", SEARCH_TIME_LIMIT_S)),
+            time_limit_s=float(run.params.get("time_limit_s", SEARCH_TIME_LIMIT_S)), drained=drained,
         )
         writer.write(writer.fraction, "Checking the plan against every placement rule")
         violations = optimizer.verify(snapshot, plan)

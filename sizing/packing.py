@@ -30,6 +30,9 @@ from fleet.snapshot import FleetSnapshot
 
 Arrival = tuple[int, ProfileSpec]  # (vm_id, profile) of a vGPU placed again when the plan is applied
 
+#: The code of the violation a drained GPU answers with: nothing may be placed on it.
+DRAINED = "plan_drained"
+
 
 @dataclass(eq=False)
 class WorkGpu:
@@ -46,12 +49,13 @@ class WorkGpu:
     arrivals: list[Arrival] = field(default_factory=list)
     fb_used: int = 0
     units_used: int = 0  # mixed-size grid units taken (placement.PLACEMENT_GRID per GPU)
+    closed: bool = False  # being drained: it keeps what stays on it and takes nothing new
     _state: GpuState | None = None
     _open_keys: tuple[tuple[str, int], ...] = ()
 
     @property
     def usable(self) -> bool:
-        return self.mode == "vgpu"
+        return self.mode == "vgpu" and not self.closed
 
     @property
     def mixed(self) -> bool:
@@ -199,9 +203,12 @@ class Layout:
     `open_equal[(model, fb_mib)]`: equal-size GPUs holding vGPUs of that size with room for one
     more; `open_mixed[model]`: mixed-size GPUs holding vGPUs, not full; `empty[model]`: vGPU-mode
     GPUs holding nothing. Insertion-ordered dicts used as sets (deterministic iteration).
+
+    `closed`: GPUs being drained. They keep the vGPUs that stay on them but are in no index and
+    refuse every vGPU (`check`), so no step of the search puts anything there.
     """
 
-    def __init__(self, snapshot: FleetSnapshot, *, empty: bool = False):
+    def __init__(self, snapshot: FleetSnapshot, *, empty: bool = False, closed: frozenset[int] = frozenset()):
         self.snapshot = snapshot
         self.journal: list[Callable[[], None]] = []
         self.hosts: dict[int, WorkHost] = {}
@@ -216,7 +223,7 @@ class Layout:
         for g in sorted(snapshot.gpus.values(), key=lambda g: (g.host_id, g.id)):
             self.gpus[g.id] = WorkGpu(
                 id=g.id, label=g.label, host_id=g.host_id, model=g.model, mode=g.mode, size_mode=g.size_mode,
-                order=(g.host_id, g.id),
+                order=(g.host_id, g.id), closed=g.id in closed,
             )
             if g.host_id in self.hosts:
                 self.hosts[g.host_id].gpu_ids.append(g.id)
@@ -388,7 +395,11 @@ class Layout:
         return True
 
     def check(self, vm: WorkVm, gpu: WorkGpu, profile: ProfileSpec) -> placement.Decision:
-        """placement.check_placement of one more vGPU of `profile` for `vm` on `gpu`, now."""
+        """placement.check_placement of one more vGPU of `profile` for `vm` on `gpu`, now (a
+        closed GPU refuses it)."""
+        if gpu.closed:
+            return placement.Decision(violations=[placement.Violation(
+                DRAINED, f"GPU {gpu.label} is being drained: nothing may be placed on it")])
         return placement.check_placement(gpu.state(), profile, self.vm_state(vm), self.hosts[gpu.host_id].state())
 
     def add(self, vm: WorkVm, gpu: WorkGpu, profile: ProfileSpec) -> placement.Decision:

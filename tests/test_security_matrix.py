@@ -36,8 +36,8 @@ from django.urls import URLPattern, URLResolver, get_resolver
 from django.utils import timezone
 
 from alerts import services as alert_services
-from alerts.evaluate import ensure_rules
-from alerts.models import Alert, LicencePool
+from alerts.models import LicencePool
+from alerts.tests.worlds import gpu_alert
 from fleet import requests as request_service
 from fleet import services
 from fleet.api_tokens import issue_token
@@ -114,12 +114,9 @@ def security_world(fleet_world, admin_user) -> W:
     # An in-app channel (a test through it succeeds without a network) and one delivery of it.
     w.channel, _ = notify_services.save_channel(NotificationChannel(), name="matrix channel", kind="in_app")
     w.delivery = notify_services.send_test(w.channel)
-    # An open alert on Ana's GPU, a silence of it, and a licence pool.
-    rules = ensure_rules()
-    w.alert = Alert.objects.create(rule=rules["xid"], key=f"xid:gpu:{w.gpu_a.pk}:79", severity="critical",
-                                   title="XID 79 on the matrix GPU", summary="fell off the bus", host=w.host_a,
-                                   gpu=w.gpu_a)
-    w.alert.vms.add(w.vm_a)
+    # An open alert on Ana's GPU (draining it plans moving her VM; each request is rolled back), a
+    # silence of it, and a licence pool.
+    w.alert = gpu_alert(w.gpu_a)
     w.silence = alert_services.create_silence(admin_user, reason="matrix", alert=w.alert,
                                               ends_at=now + timedelta(hours=1))
     w.pool = LicencePool.objects.create(edition="vws", owned=10)
@@ -292,6 +289,9 @@ ROWS = [
     Row("licences/", lambda w: "/licences/", PAGE_ADMINS, Unsafe("post", _staff_form(200), lambda w: {},
                                                                  MULTIPART_CONTENT)),
     Row("versions/", lambda w: "/versions/", PAGE_ADMINS),
+    # pages (alerts)
+    Row("alerts/{pk}/drain/", lambda w: f"/alerts/{w.alert.pk}/drain/", POST_ONLY_STAFF,
+        Unsafe("post", _staff_form("/sizing/optimizer/{next_run}/"), lambda w: {})),
     # pages (sizing)
     Row("sizing/suggestions/", lambda w: "/sizing/suggestions/", PAGE_ADMINS),
     Row("sizing/suggestions/refresh/", lambda w: "/sizing/suggestions/refresh/", POST_ONLY_STAFF,
@@ -462,6 +462,9 @@ ROWS = [
     Row("api/v1/optimizer-runs/{pk}/", lambda w: f"/api/v1/optimizer-runs/{w.run.pk}/", API_ADMINS),
     Row("api/v1/optimizer-runs/{pk}/apply/", lambda w: f"/api/v1/optimizer-runs/{w.run.pk}/apply/",
         API_ADMIN_POST_ONLY, Unsafe("post", (401, 403, 403, 200, 200, 401))),
+    # API: alerts (staff only)
+    Row("api/v1/alerts/{pk}/drain/", lambda w: f"/api/v1/alerts/{w.alert.pk}/drain/", API_ADMIN_POST_ONLY,
+        Unsafe("post", (401, 403, 403, 202, 202, 401))),
     # schema, docs, probes
     Row("api/schema/", lambda w: "/api/schema/", API_SIGNED_IN),
     Row("api/docs/", lambda w: "/api/docs/", API_SIGNED_IN),

@@ -1,11 +1,13 @@
 """The alerts resources of the v1 API: alerts/, alert-rules/, silences/, licence-pools/ and
 licences/. Staff only, reading included: alerts name hosts, GPUs, VMs and their artists (an
 artist learns of a problem under their own VM through an in-app note, never through this list).
+`POST alerts/{id}/drain/` starts an optimizer run that moves every VM off the alert's GPU.
 """
 
 from __future__ import annotations
 
 from django.core.exceptions import ValidationError as DjangoValidationError
+from django.urls import reverse
 from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.decorators import action
@@ -13,6 +15,7 @@ from rest_framework.exceptions import ValidationError
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from alerts import drain as gpu_drain
 from alerts import licences, services
 from alerts.filtersets import AlertFilterSet
 from alerts.models import Alert, AlertRule, LicencePool, Silence
@@ -20,6 +23,7 @@ from alerts.rules import RULES
 from config.api.permissions import IsFleetAdmin
 from config.api.serializers import DetailSerializer
 from fleet.models import Gpu, Host
+from sizing.models import OptimizerStatus
 
 
 class IsAlertAdmin(IsFleetAdmin):
@@ -63,6 +67,16 @@ class AcknowledgeSerializer(serializers.Serializer):
     note = serializers.CharField(required=False, allow_blank=True, default="", max_length=2000)
 
 
+class DrainStartedSerializer(serializers.Serializer):
+    run = serializers.IntegerField(help_text="The optimizer run planning the drain (/api/v1/optimizer-runs/{run}/)")
+    url = serializers.CharField(help_text="The run's page, where the plan is reviewed and applied")
+
+
+class DrainNotQueuedSerializer(serializers.Serializer):
+    detail = serializers.CharField()
+    run = serializers.IntegerField(help_text="The run that was stored and marked failed")
+
+
 class AlertViewSet(viewsets.ReadOnlyModelViewSet):
     serializer_class = AlertSerializer
     permission_classes = [IsAlertAdmin]
@@ -83,6 +97,30 @@ class AlertViewSet(viewsets.ReadOnlyModelViewSet):
         body.is_valid(raise_exception=True)
         alert = services.acknowledge(self.get_object(), request.user, body.validated_data["note"])
         return Response(self.get_serializer(self.get_queryset().get(pk=alert.pk)).data)
+
+    @extend_schema(
+        request=None,
+        responses={
+            202: DrainStartedSerializer,
+            409: OpenApiResponse(DetailSerializer, description="The alert is about no GPU or has ended, the GPU "
+                                                               "runs no vGPU, or the optimizer is busy"),
+            503: OpenApiResponse(DrainNotQueuedSerializer,
+                                 description="The task queue is unreachable; the run was stored as failed"),
+        },
+    )
+    @action(detail=True, methods=["post"])
+    def drain(self, request, pk=None, format=None):
+        """Plan moving every VM off the alert's GPU, onto the fleet's other GPUs (never onto it),
+        moving no other VM: an optimizer run, computed by a worker. Review the plan on the run's
+        page (or /api/v1/optimizer-runs/{run}/) and apply it there."""
+        try:
+            run = gpu_drain.start_for_alert(self.get_object(), request.user)
+        except gpu_drain.DrainRefused as exc:
+            return Response({"detail": str(exc)}, status=status.HTTP_409_CONFLICT)
+        if run.status == OptimizerStatus.FAILED:
+            return Response({"detail": run.error, "run": run.pk}, status=status.HTTP_503_SERVICE_UNAVAILABLE)
+        return Response({"run": run.pk, "url": reverse("sizing:optimizer-run", args=[run.pk])},
+                        status=status.HTTP_202_ACCEPTED)
 
 
 class AlertRuleSerializer(serializers.ModelSerializer):

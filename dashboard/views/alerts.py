@@ -30,6 +30,7 @@ from dashboard import tables
 from dashboard.access import staff_required
 from dashboard.forms import field_errors
 from dashboard.listing import TableListView
+from sizing.models import OptimizerStatus
 
 SILENCE_CHOICES = [("1", "1 hour"), ("4", "4 hours"), ("24", "1 day"), ("72", "3 days"), ("168", "1 week")]
 #: Rules whose alert is about one GPU that may have to be emptied (the drain action).
@@ -251,15 +252,16 @@ def licences(request):
 @staff_required
 def alert_drain(request, pk: int):
     """Plan moving every VM off the alert's GPU: an optimizer run the admin reviews and applies."""
-    alert = get_object_or_404(Alert.objects.select_related("gpu"), pk=pk)
-    if alert.gpu_id is None or not alert.is_open:
-        messages.error(request, "Nothing to drain: this alert is not about a GPU, or it has ended.")
-        return redirect("alerts:alert", pk=pk)
+    alert = get_object_or_404(Alert.objects.select_related("gpu__host", "gpu__gpu_model"), pk=pk)
     try:
-        run = drain.start(alert.gpu, request.user)
+        run = drain.start_for_alert(alert, request.user)
     except drain.DrainRefused as exc:
         messages.error(request, str(exc))
         return redirect("alerts:alert", pk=pk)
+    if run.status == OptimizerStatus.FAILED:
+        # The run's page says why (the task queue is unreachable).
+        messages.error(request, f"The drain of {alert.gpu} was not queued; the reason is below.")
+        return redirect("sizing:optimizer-run", pk=run.pk)
     messages.success(request, f"Planning how to move every VM off {alert.gpu}: review the plan, then apply it.")
     return redirect("sizing:optimizer-run", pk=run.pk)
 

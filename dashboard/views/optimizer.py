@@ -5,7 +5,8 @@ pending resize requests and the right-sizing suggestions) and lists recent runs.
 `/sizing/optimizer/<id>/` follows one run: while it is queued or running, its body re-fetches
 itself every second through htmx (the progress bar); once done, the same body, now without
 the polling trigger, shows the plan as a diff against the fleet and the Apply button, which
-is disabled (with the reason) when the fleet changed since the plan was computed.
+is disabled (with the reason) when the fleet changed since the plan was computed. A drain
+(started from a health alert's page) names the GPU it empties and lists what stays on it.
 Applying is a POST to `/sizing/optimizer/<id>/apply/` and needs an explicit confirmation.
 Moves on hosts linked to their hypervisor become operations; the applied run lists them (each
 linking to `/operations/<id>/`), keeps polling while they are under way, and offers "Run them
@@ -23,7 +24,7 @@ from django_htmx.http import HttpResponseClientRefresh
 
 from config.roles import is_fleet_admin
 from dashboard.access import staff_required
-from fleet.models import Host
+from fleet.models import Gpu, Host
 from hypervisors.choices import OperationStatus
 from hypervisors.models import ACTIVE as ACTIVE_OPERATIONS
 from sizing import optimizer_runs
@@ -39,6 +40,8 @@ class StartRunForm(forms.Form):
     include_suggestions = forms.BooleanField(
         required=False, initial=False, label="Include right-sizing suggestions (upsize and downsize)",
     )
+    # Set by a drain's "Run again": the GPU whose VMs the plan moves away.
+    drain_gpu = forms.ModelChoiceField(queryset=Gpu.objects.all(), required=False, widget=forms.HiddenInput)
 
 
 class ApplyForm(forms.Form):
@@ -59,9 +62,11 @@ def optimizer(request):
     form = StartRunForm(request.POST if request.method == "POST" else None)
     if request.method == "POST" and form.is_valid():
         try:
+            drain_gpu = form.cleaned_data["drain_gpu"]
             run = optimizer_runs.start_run(
                 request.user, include_requests=form.cleaned_data["include_requests"],
                 include_suggestions=form.cleaned_data["include_suggestions"],
+                drain_gpu_ids=[drain_gpu.pk] if drain_gpu else (),
             )
         except optimizer_runs.RunInProgress as exc:
             # Worded for after the fact: the message stays on the page while the run below finishes.
@@ -158,6 +163,7 @@ SOURCE_LABELS = {
 }
 REASON_LABELS = {
     "consolidation": "Consolidation: frees a GPU",
+    "drain": "Drain: off the drained GPU",
     optimizer_runs.MANUAL_SOURCE: "What-if change",
 }
 
@@ -232,6 +238,7 @@ def describe_plan(run: OptimizerRun) -> dict | None:
         "shutdowns": [move["vm"] for move in moves if move["shutdown"]],
         "gpus_saved": plan["gpus_before"] - plan["gpus_after"],
         "gpus_added": plan["gpus_after"] - plan["gpus_before"],
+        "drained": optimizer_runs.drained_gpus(run),
     }
 
 
@@ -281,4 +288,6 @@ def run_context(run: OptimizerRun, apply_form: ApplyForm | None = None) -> dict:
         "self_url": reverse("sizing:optimizer-run", args=[run.pk]),
         "operations": operations,
         "can_run_operations": any(op.status == OperationStatus.PENDING for op in operations),
+        "drained": optimizer_runs.drained_gpus(run),
+        "drain_gpu_ids": run.params.get("drain_gpu_ids", []),
     }

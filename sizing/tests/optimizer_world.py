@@ -69,3 +69,22 @@ def make_runs(count: int, user=None, status=OptimizerStatus.DONE) -> list[Optimi
                                     params={"changes": []}, result={"summary": summary, "plan": {}})
         for _ in range(count)
     ]
+
+
+def failing_gpu_fleet() -> SimpleNamespace:
+    """studio-01 with three Quadro RTX 6000: the failing one full (two RTX6000-12Q, ws-fx-a and
+    ws-fx-b), two others half full (ws-comp-c, ws-comp-d). A drain puts the failing GPU's VMs in
+    the free halves; consolidation alone would put ws-comp-c and ws-comp-d together instead."""
+    host = HostFactory(name="studio-01")
+    failing = GpuFactory(host=host, pci_bus_id="00000000:3B:00.0")
+    half_c = GpuFactory(host=host, pci_bus_id="00000000:5E:00.0")
+    half_d = GpuFactory(host=host, pci_bus_id="00000000:AF:00.0")
+    q12 = profile("RTX6000-12Q")
+    leaving = [VirtualMachineFactory(name="ws-fx-a"), VirtualMachineFactory(name="ws-fx-b")]
+    for vm in leaving:
+        services.place_vgpu(vm, failing, q12)
+    staying = [VirtualMachineFactory(name="ws-comp-c"), VirtualMachineFactory(name="ws-comp-d")]
+    services.place_vgpu(staying[0], half_c, q12)
+    services.place_vgpu(staying[1], half_d, q12)
+    return SimpleNamespace(host=host, failing=failing, half_c=half_c, half_d=half_d, leaving=leaving,
+                           staying=staying, q12=q12)

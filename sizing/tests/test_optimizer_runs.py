@@ -174,10 +174,10 @@ def test_progress_is_written_while_the_optimizer_runs(admin_user, queued, monkey
     seen = []
     real_optimize = optimizer.optimize
 
-    def observed(snapshot, changes=(), *, progress=None, time_limit_s=10.0):
+    def observed(snapshot, changes=(), *, progress=None, time_limit_s=10.0, drained=()):
         progress(0.42, "Draining half-empty GPUs")
         seen.append(OptimizerRun.objects.values_list("status", "progress", "stage").get(pk=run.pk))
-        return real_optimize(snapshot, changes, progress=progress, time_limit_s=time_limit_s)
+        return real_optimize(snapshot, changes, progress=progress, time_limit_s=time_limit_s, drained=drained)
 
     monkeypatch.setattr(optimizer, "optimize", observed)
     optimizer_runs.execute_run(run.pk, progress_interval_s=0)
