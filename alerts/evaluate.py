@@ -32,6 +32,7 @@ from alerts.models import (
     LicenceUsage,
     Silence,
 )
+from fleet.locks import lock_rows
 from fleet.models import VirtualMachine
 from notify.messages import Message
 from notify.services import dispatch_many, tell_artists
@@ -118,7 +119,7 @@ def reconcile(findings: list[rulebook.Finding], rules: dict[str, AlertRule], now
               ) -> tuple[list[Alert], list[Alert]]:
     """Open, refresh and resolve alerts so the open ones are exactly `findings`; returns (fired, resolved)."""
     silences = active_silences(now)
-    open_alerts = {a.key: a for a in Alert.objects.select_for_update().filter(state__in=OPEN_STATES)}
+    open_alerts = {a.key: a for a in lock_rows(Alert.objects.filter(state__in=OPEN_STATES))}
     by_key = {f.key: f for f in findings}
     fired, kept, changed_ids = [], [], set()
     for key, finding in by_key.items():

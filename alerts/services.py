@@ -11,6 +11,7 @@ from django.utils import timezone
 from alerts.models import OPEN_STATES, Alert, AlertRule, AlertState, LicencePool, Silence
 from config.errors import ConflictRefusal
 from fleet import audit
+from fleet.locks import lock_rows
 
 RULE_FIELDS = ["kind", "enabled", "severity", "params"]
 SILENCE_FIELDS = ["rule", "host", "gpu", "alert", "reason", "starts_at", "ends_at"]
@@ -20,7 +21,7 @@ ALERT_FIELDS = ["state", "acknowledged_at", "acknowledged_by", "note"]
 def acknowledge(alert: Alert, user, note: str = "") -> Alert:
     """Mark an open alert as taken by `user` (it stays open until its condition ends)."""
     with transaction.atomic():
-        alert = Alert.objects.select_for_update().get(pk=alert.pk)
+        (alert,) = lock_rows(Alert.objects.filter(pk=alert.pk))
         if alert.state not in OPEN_STATES:
             raise ConflictRefusal(f"This alert was resolved at {alert.resolved_at:%Y-%m-%d %H:%M} UTC; there is "
                                   f"nothing to acknowledge.")

@@ -136,8 +136,7 @@ TEMPLATES = [
                 "django.template.context_processors.request",
                 "django.contrib.auth.context_processors.auth",
                 "django.contrib.messages.context_processors.messages",
-                "dashboard.context_processors.badges",  # navigation badges: unread notifications, pending requests
-                "dashboard.context_processors.alert_badge",  # navigation badge: alerts firing
+                "dashboard.context_processors.badges",  # navigation badges: unread notifications, pending requests, alerts
                 "dashboard.navigation.menu",  # the main menu: its groups, links and the current page
             ],
         },
@@ -271,6 +270,9 @@ SPECTACULAR_SETTINGS = {
         "NotificationChannelKindEnum": "notify.choices.ChannelKind",
         "NotificationSeverityEnum": "notify.choices.Severity",
         "DeliveryStatusEnum": "notify.choices.DeliveryStatus",
+        "AlertRuleKindEnum": "alerts.models.RULE_CHOICES",
+        "AlertStateEnum": "alerts.models.AlertState",
+        "LicenceEditionEnum": "alerts.models.Edition",
     },
 }
 

@@ -519,6 +519,15 @@ class DeliveryTable(ListTable):
         order_by = ("-created_at",)
         sequence = ("created_at", "channel_name", "severity", "event", "title", "status", "attempts", "last_error")
 
+    def value_channel_name(self, record) -> str:
+        return record.channel_name
+
+    def value_title(self, record) -> str:
+        return record.title
+
+    def value_last_error(self, record) -> str:
+        return record.last_error
+
 
 class AlertTable(ListTable):
     """Alerts, most recently seen first: severity, what, where, whom it touches, since when."""

@@ -12,7 +12,7 @@ reason in `last_error`.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from django.conf import settings
 from django.contrib.auth import get_user_model
@@ -521,11 +521,14 @@ class BadgeCounts:
 
     unread: int = 0
     pending: int = 0
+    # Counts of the apps above (e.g. alerts firing), asked for by the caller: {name: count}.
+    more: dict = field(default_factory=dict)
 
 
-def badge_counts(user) -> BadgeCounts:
+def badge_counts(user, admin_counts: dict | None = None) -> BadgeCounts:
     """Both badge counts in one query (two indexed subqueries on the user's row); admins only
-    pay for the pending count."""
+    pay for the pending count, and for `admin_counts` ({name: a subquery of one count}) that
+    apps above fleet add to the same query."""
     if not (user and user.is_authenticated):
         return BadgeCounts()
     unread = Notification.objects.filter(user=OuterRef("pk"), read_at__isnull=True).order_by().values(
@@ -535,5 +538,8 @@ def badge_counts(user) -> BadgeCounts:
         pending = ResizeRequest.objects.filter(status=ResizeStatus.PENDING).order_by().values(
             "status").annotate(n=Count("pk")).values("n")
         annotations["pending"] = Coalesce(Subquery(pending, output_field=IntegerField()), Value(0))
+        for name, count in (admin_counts or {}).items():
+            annotations[name] = Coalesce(Subquery(count, output_field=IntegerField()), Value(0))
     row = get_user_model().objects.filter(pk=user.pk).annotate(**annotations).values(*annotations).first() or {}
-    return BadgeCounts(unread=row.get("unread", 0), pending=row.get("pending", 0))
+    return BadgeCounts(unread=row.get("unread", 0), pending=row.get("pending", 0),
+                       more={name: row.get(name, 0) for name in admin_counts or {}})

@@ -25,10 +25,13 @@ from django.urls import get_resolver
 from django.utils import timezone
 from rest_framework.views import APIView
 
+from alerts.evaluate import ensure_rules
+from alerts.models import Alert
 from dashboard.listing import TableListView
 from fleet import services
 from fleet.models import AuditEvent
 from fleet.tests.factories import ArtistFactory, GpuFactory, HostFactory, UserFactory, VirtualMachineFactory, profile
+from notify.models import Delivery, NotificationChannel
 from sizing.models import Suggestion, SuggestionAction
 from telemetry.models import Agent
 from tests.test_security_matrix import template_of, walk
@@ -50,6 +53,8 @@ def evil(admin_user):
     agent that failed with the payload as its error, a suggestion whose reason it is, and an
     audit event written by someone of that name, all named by the payload."""
     now = timezone.now()
+    rules = ensure_rules()
+    channel = NotificationChannel.objects.create(name="admins", kind="in_app")
     for i, text in enumerate(PAYLOADS):
         artist = ArtistFactory(user=UserFactory(username=text), name=text)
         host = HostFactory(name=text)
@@ -66,6 +71,10 @@ def evil(admin_user):
         AuditEvent.objects.create(at=now, actor_name=text, action="host.update", object_type="host",
                                   object_id=str(host.pk), object_repr=text, before=NEGATIVE_SNAPSHOT,
                                   after={"name": text}, comment=text)
+        Alert.objects.create(rule=rules["xid"], key=f"xid:gpu:{gpu.pk}:79", severity="critical", title=text,
+                             summary=text, host=host, gpu=gpu)
+        Delivery.objects.create(channel=channel, channel_name=text, kind="in_app", key=f"alert:{i}", event="firing",
+                                severity="critical", rule="xid", title=text, status="failed", last_error=text)
     return SimpleNamespace(event=AuditEvent.objects.filter(actor_name=PAYLOADS[0]).get())
 
 
@@ -97,6 +106,8 @@ EXPORTS: dict[str, tuple[list[Callable], tuple[str, ...]]] = {
     "artists/": ([lambda c, w: "/artists/?format=csv"], ("name", "username")),
     "agents/": ([lambda c, w: "/agents/?format=csv"], ("name", "host", "last_error")),
     "sizing/suggestions/": ([lambda c, w: "/sizing/suggestions/?format=csv"], ("vm", "artist", "host", "reason")),
+    "alerts/": ([lambda c, w: "/alerts/?format=csv"], ("title", "host")),
+    "alerts/deliveries/": ([lambda c, w: "/alerts/deliveries/?format=csv"], ("channel_name", "title", "last_error")),
     "api/v1/audit-events/": ([lambda c, w: "/api/v1/audit-events/?format=csv", audit_page_export,
                               lambda c, w: "/api/v1/audit-events.csv"], ("actor", "object", "comment")),
     "api/v1/audit-events/{pk}/": ([lambda c, w: f"/api/v1/audit-events/{w.event.pk}/?format=csv",
@@ -193,7 +204,7 @@ def test_negative_numbers_stay_numbers(staff, evil):
 
 # Coverage: every CSV the site can serve is listed above ----------------------------------
 
-APP_DIRS = ("config", "fleet", "telemetry", "sizing", "dashboard")
+APP_DIRS = ("config", "fleet", "telemetry", "sizing", "hypervisors", "notify", "alerts", "dashboard")
 #: The one module that writes CSV, and the modules that serve its exports (their URLs are above).
 CSV_WRITER = "config/csv_export.py"
 #: The list pages, the audit log's streamed export, and the API's default renderers (settings).

@@ -16,7 +16,9 @@ GROUPS = {
     "Telemetry": ["Heatmaps", "Agents"],
     "Sizing": ["Right-sizing", "Density planner", "Placement optimizer"],
     "Requests": ["Resize requests", "Approved", "Rejected", "Cancelled", "Operations"],
-    "Admin": ["Audit log", "Notification channels", "Deliveries", "Admin site", "API docs"],
+    "Health": ["Alerts", "Alert rules", "Silences", "Licences", "Driver versions", "Notification channels",
+               "Deliveries"],
+    "Admin": ["Audit log", "Admin site", "API docs"],
 }
 FLEET_PATHS = ("/hosts/", "/gpus/", "/heatmap/", "/agents/", "/sizing/", "/requests/", "/audit/", "/admin/",
                "/scheduler/", "/drift/", "/api/")
@@ -51,7 +53,7 @@ def signed_in(user) -> Client:
 
 
 @pytest.mark.django_db
-def test_an_admin_gets_five_groups_with_every_page_and_the_shown_one_marked(fleet_world, admin_user):
+def test_an_admin_gets_six_groups_with_every_page_and_the_shown_one_marked(fleet_world, admin_user):
     client = signed_in(admin_user)
     html = header(client, "/sizing/planner/")
     assert groups(html) == GROUPS

@@ -190,6 +190,10 @@ class RuleForm(forms.Form):
                 if name.startswith("param_")}
 
 
+class RuleChoiceForm(forms.Form):
+    rule = forms.IntegerField(min_value=1, max_value=2**63 - 1)
+
+
 def _rule_form(rule: AlertRule, data=None) -> RuleForm:
     initial = {"enabled": rule.enabled, "severity": rule.severity,
                **{f"param_{k}": v for k, v in rule.effective_params.items()}}
@@ -201,8 +205,8 @@ def rule_list(request):
     rules = list(ensure_rules().values())
     rules.sort(key=lambda r: list(RULES).index(r.kind))
     if request.method == "POST":
-        rule = get_object_or_404(AlertRule, pk=request.POST.get("rule") or 0) \
-            if (request.POST.get("rule") or "").isdigit() else None
+        which = RuleChoiceForm(request.POST)
+        rule = AlertRule.objects.filter(pk=which.cleaned_data["rule"]).first() if which.is_valid() else None
         if rule is None:
             messages.error(request, "No rule was changed: the form named no rule.")
             return redirect("alerts:rule-list")
