@@ -79,6 +79,12 @@ PAGES = [
     Page("channel-create", "notify:channel-create", "admin"),
     Page("channel-edit", "notify:channel-edit", "admin", "channel"),
     Page("deliveries", "notify:delivery-list", "admin"),
+    Page("alerts", "alerts:alert-list", "admin", query="?state=open"),
+    Page("alert-detail", "alerts:alert", "admin", "alert"),
+    Page("alert-rules", "alerts:rule-list", "admin"),
+    Page("silences", "alerts:silence-list", "admin"),
+    Page("licences", "alerts:licences", "admin"),
+    Page("versions", "alerts:versions", "admin"),
     Page("admin-workstation", "fleet:workstation", "admin"),
     Page("my-workstation", "fleet:workstation", "artist"),
     Page("my-vm", "fleet:vm-detail", "artist", "vm"),
@@ -108,6 +114,10 @@ NOT_PAGES = {
     "sizing:optimizer-apply": "POST",
     "notify:channel-test": "POST",
     "notify:channel-delete": "POST",
+    "alerts:alert-acknowledge": "POST",
+    "alerts:alert-silence": "POST",
+    "alerts:alert-drain": "POST",
+    "alerts:silence-end": "POST",
 }
 
 # Every element whose box ends past the window's right edge, unless a box around it scrolls or
@@ -216,6 +226,41 @@ def channels_with_deliveries() -> int:
     return hook.pk
 
 
+def alert_ids(world, vm_id: int) -> dict[str, int]:
+    """Health as the demo's agents report it after a while, evaluated: an XID on the GPU of the
+    artist's VM, that VM's licence lapsed, two driver versions among the hosts, a vWS pool with a
+    day of use, and a silence; the XID alert's id."""
+    from datetime import timedelta
+
+    from django.contrib.auth.models import User
+    from django.utils import timezone
+
+    from alerts import services
+    from alerts.evaluate import evaluate
+    from alerts.models import Alert, LicencePool, LicenceUsage
+    from fleet.models import Host, VirtualMachine
+    from telemetry.models import HostDriverState, VgpuHealthState, XidError
+
+    now = timezone.now()
+    vm = VirtualMachine.objects.get(pk=vm_id)
+    vgpu = vm.vgpus.select_related("gpu").first()
+    XidError.objects.create(gpu=vgpu.gpu, code=79, at=now - timedelta(minutes=2))
+    VgpuHealthState.objects.create(vm=vm, gpu=vgpu.gpu, vgpu=vgpu, type_name=vgpu.profile.name,
+                                   license_state="unlicensed", guest_driver_version="580.95.05", changed_at=now)
+    for index, host in enumerate(Host.objects.order_by("name")):
+        old = index == 1
+        HostDriverState.objects.create(host=host, driver_version="570.172.07" if old else "580.95.02",
+                                       vgpu_manager_version="18.4" if old else "19.2", changed_at=now)
+    LicencePool.objects.create(edition="vws", owned=24, note="Three-year term, renews 2027-06")
+    LicenceUsage.objects.bulk_create([
+        LicenceUsage(ts=(now - timedelta(hours=h)).replace(second=0, microsecond=0), edition="vws",
+                     in_use=14 + (h % 9), unlicensed=1 if h < 2 else 0) for h in range(1, 48)])
+    evaluate(now)
+    services.create_silence(User.objects.get(username="admin"), reason="Board swap booked for Friday",
+                            host=vgpu.gpu.host, ends_at=now + timedelta(days=2), rule=None)
+    return {"alert": Alert.objects.get(rule__kind="xid").pk}
+
+
 def operation_ids(world, unlinked_host_id: int) -> dict[str, int]:
     """The demo's hosts on their simulated hypervisors (seeded as `make run` seeds them), but
     `unlinked_host_id`, unlinked so the pages of an unlinked host are checked too. On them: an
@@ -295,6 +340,7 @@ def test_every_page_fits_the_window_at_375_1280_and_1920_px(page, rich_demo_worl
     settings.HYPERVISOR_VERIFY_WAIT_S = 0
     ids = demo_ids(rich_demo_world)
     ids |= operation_ids(rich_demo_world, unlinked_host_id=ids["host"])
+    ids |= alert_ids(rich_demo_world, ids["vm"])
     usernames = {"admin": "admin", "artist": rich_demo_world.artist.user.username}
     failures: list[str] = []
     signed_in = None
