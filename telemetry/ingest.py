@@ -59,7 +59,9 @@ and the nvidia-smi push API both call it with validated `Report`s. Rules, and wh
   lists (with health) are deleted. An in-guest agent writes none of them (NVML in a guest
   sees no licence server's view; the host's agent reports it). XID events go to `XidError`,
   stamped like samples (the agent's clock, whole seconds: one code twice in a second is one
-  event), dropped by the unique key when re-sent. Readings without health (older agents,
+  event), dropped by the unique key when re-sent; a source that shows only the last XID code
+  (dcgm-exporter, `XidEvent.last_seen`) adds one only when the code differs from the GPU's
+  newest stored XID. Readings without health (older agents,
   sources that do not tell) change no state row.
 - Drift rows are upserted: one open row per kind and subject, `last_seen` bumped while the
   difference is reported. A later accepted report from the same agent that no longer shows it
@@ -91,7 +93,7 @@ from functools import lru_cache
 
 from django.conf import settings
 from django.db import IntegrityError, connection, transaction
-from django.db.models import Q
+from django.db.models import OuterRef, Q, Subquery
 from django.db.models.functions import Lower
 
 from fleet import audit
@@ -353,6 +355,7 @@ class _Batch:
         self.vgpu_health_gpus: set[int] = set()
         self.drivers: dict[int, DriverInfo] = {}
         self.xids: set[tuple[int, int, datetime]] = set()
+        self.last_xids: dict[int, tuple[int, datetime]] = {}  # GPU pk -> a source's last XID code, when seen
         self.events: list = []  # audit events of the inventory rows discovery created or changed
         self.bound: dict[int, tuple[Agent, Host]] = {}  # agent pk -> the host its first report bound it to
         self.created_hosts: set[str] = set()
@@ -711,7 +714,8 @@ class _Batch:
             self._map_guest_agent(agent, report, ts)
             return
         host = self.hosts_by_id.get(self._host_id(agent))
-        if host is not None and report.driver is not None:
+        if host is not None and report.driver is not None and report.gpus:
+            # A report of physical GPUs: one of guest vGPUs only names a VM's driver.
             self.drivers[host.pk] = report.driver
         for reading in report.gpus:
             gpu = self.gpus.get(reading.uuid)
@@ -742,7 +746,10 @@ class _Batch:
             if health is not None:
                 self.gpu_health[gpu.pk] = health
                 for event in health.xid_events:
-                    self.xids.add((gpu.pk, event.code, sample_time(event.at)))
+                    if event.last_seen:
+                        self.last_xids[gpu.pk] = (event.code, sample_time(event.at))
+                    else:
+                        self.xids.add((gpu.pk, event.code, sample_time(event.at)))
             if health is not None or any(v.health is not None for v in reading.vgpus):
                 self.vgpu_health_gpus.add(gpu.pk)
             for vgpu_reading in reading.vgpus:
@@ -906,6 +913,14 @@ class _Batch:
         self._write_gpu_health()
         self._write_vgpu_health()
         self._write_drivers()
+        if self.last_xids:
+            # A source that shows only the last XID code (dcgm-exporter): an event only when the
+            # code differs from the GPU's newest stored one, so a held value is stored once.
+            newest = XidError.objects.filter(gpu_id=OuterRef("pk")).order_by("-at", "-pk").values("code")[:1]
+            stored = dict(Gpu.objects.filter(pk__in=self.last_xids).order_by().annotate(
+                last=Subquery(newest)).values_list("pk", "last"))
+            self.xids.update((gpu_id, code, at) for gpu_id, (code, at) in self.last_xids.items()
+                             if stored.get(gpu_id) != code)
         if self.xids:
             # An event re-sent (a retried poll, a re-posted document) is dropped by the unique key.
             XidError.objects.bulk_create(

@@ -81,10 +81,16 @@ def throttle_names(mask: int) -> list[str]:
 
 @dataclass(slots=True)
 class XidEvent:
-    """One critical XID error the driver raised on a GPU: its code and when (Unix seconds)."""
+    """One critical XID error the driver raised on a GPU: its code and when (Unix seconds).
+
+    `last_seen`: the source shows only the code of the GPU's last XID, not each event
+    (dcgm-exporter's gauge), and `at` is when it was seen; ingest stores such an event only
+    when its code differs from the newest one stored for the GPU. Never set by the agent.
+    """
 
     code: int
     at: float
+    last_seen: bool = False
 
 
 @dataclass(slots=True)

@@ -24,7 +24,16 @@ from telemetry.models import (
     XidError,
 )
 from telemetry.payload import DriverInfo, GpuHealth, VgpuHealth, XidEvent
-from telemetry.tests.ingest_world import T0, gpu_reading, l40s_world, make_agent, report, vgpu_reading
+from telemetry.sources.nvidia_smi import parse_nvidia_smi
+from telemetry.tests.ingest_world import (
+    OWN_FIXTURES,
+    T0,
+    gpu_reading,
+    l40s_world,
+    make_agent,
+    report,
+    vgpu_reading,
+)
 
 pytestmark = pytest.mark.django_db
 
@@ -243,3 +252,46 @@ def test_an_agent_inside_a_vm_writes_no_health(world):
     assert stats.vgpu_samples == 1
     assert not VgpuHealthState.objects.exists()
     assert not HostDriverState.objects.exists()
+
+
+def test_a_last_xid_gauge_is_one_event_while_it_holds(world):
+    def scrape(at: float, code: int):
+        reading = gpu_reading(world.gpu.uuid, health=GpuHealth(xid_events=[XidEvent(code=code, at=at,
+                                                                                   last_seen=True)]))
+        store_reports([(world.agent, report("render-01", [reading], at))], received_at=at)
+
+    scrape(T0, 79)
+    scrape(T0 + 10, 79)  # the gauge holds the value: the same XID
+    scrape(T0 + 20, 48)  # another one
+    scrape(T0 + 30, 48)
+
+    assert list(XidError.objects.order_by("at").values_list("code", "at")) == [
+        (79, datetime.fromtimestamp(T0, tz=UTC)), (48, datetime.fromtimestamp(T0 + 20, tz=UTC))]
+
+
+def test_an_nvidia_smi_capture_of_a_vgpu_host_stores_its_health(world):
+    capture = parse_nvidia_smi((OWN_FIXTURES / "nvidia-smi" / "l40s-vgpu-host-v13.xml").read_bytes(), "render-01")
+
+    store_reports([(world.agent, capture)], received_at=capture.collected_at)
+
+    state = GpuHealthState.objects.get(gpu=world.gpu)
+    assert (state.ecc_mode, state.remapped_rows_failure, state.throttle_reasons, state.power_limit_w) == (
+        "enabled", False, ["gpu_idle"], 700.0)
+    assert GpuSample.objects.get().clocks_event_reasons == 1
+    # ws-lighting-01 and ws-layout-02 are known VMs; the third vGPU's VM is not (no row).
+    rows = {row.vm.name: row for row in VgpuHealthState.objects.select_related("vm")}
+    assert sorted(rows) == ["ws-layout-02", "ws-lighting-01"]
+    assert (rows["ws-lighting-01"].license_state, rows["ws-lighting-01"].license_expiry) == (
+        "licensed", datetime(2026, 12, 1, 9, 15, 2, tzinfo=UTC))
+    assert rows["ws-layout-02"].vgpu is None  # runs where the inventory declares none
+    assert HostDriverState.objects.get(host=world.host).driver_version == "580.159.04"
+
+
+def test_a_report_of_guest_vgpus_only_names_no_host_driver(world):
+    guest = report("render-01", [], T0, driver=DRIVER,
+                   guest_vgpus=[vgpu_reading(None, "ws-lighting-01", health=_vgpu_health())])
+
+    store_reports([(world.agent, guest)], received_at=T0)
+
+    assert not HostDriverState.objects.exists()
+    assert not VgpuHealthState.objects.exists()  # licence is stored from the host's view only
