@@ -208,6 +208,10 @@ def warm_health(spec: list[dict], batch: int) -> None:
         store_reports([(agents[agent["id"]], parse_agent_payload(f"{agent['prefix']}{now}{agent['suffix']}"))
                        for agent in spec[n:n + batch]], received_at=now)
     print(f"health state written for {len(spec)} agents in {time.monotonic() - started:.1f} s (untimed)", flush=True)
+    from django.db import connection
+
+    with connection.cursor() as cursor:  # as autovacuum would have, see setup()
+        cursor.execute("ANALYZE telemetry_gpuhealthstate, telemetry_vgpuhealthstate, telemetry_hostdriverstate")
 
 
 def clear_samples() -> None:
