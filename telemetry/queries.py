@@ -28,7 +28,7 @@ from telemetry.models import (
 )
 
 GPU_SAMPLE_FIELDS = ("ts", "util_gpu", "util_mem", "fb_used_mib", "fb_total_mib", "enc_util", "dec_util",
-                     "temp_c", "power_w", "sm_clock_mhz")
+                     "temp_c", "power_w", "sm_clock_mhz", "clocks_event_reasons")
 VGPU_SAMPLE_FIELDS = ("ts", "fb_used_mib", "util_gpu", "util_mem", "enc_util", "dec_util")
 
 
@@ -154,3 +154,12 @@ def host_driver(host_id: int) -> dict | None:
     """The NVIDIA software versions the host's agent last reported (HostDriverState's fields), or
     None when it never did. One query."""
     return HostDriverState.objects.filter(host_id=host_id).values(*HOST_DRIVER_FIELDS).first()
+
+
+def latest_xid_codes(gpu_ids: Iterable[int] | None = None) -> dict[int, int]:
+    """The code of each GPU's newest stored XID error, {gpu_id: code}, of the GPUs in `gpu_ids`
+    (every GPU when None); GPUs without one are absent. One query."""
+    newest = XidError.objects.filter(gpu_id=OuterRef("pk")).order_by("-at", "-pk").values("code")[:1]
+    gpus = Gpu.objects.order_by() if gpu_ids is None else Gpu.objects.filter(pk__in=list(gpu_ids)).order_by()
+    rows = gpus.annotate(code=Subquery(newest)).values_list("pk", "code")
+    return {pk: code for pk, code in rows if code is not None}
