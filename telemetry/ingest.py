@@ -56,13 +56,14 @@ and the nvidia-smi push API both call it with validated `Report`s. Rules, and wh
   state, not series: a row is upserted only when the reading differs from it (`changed_at`),
   so an unchanged fleet costs a read per table and batch. A host agent's GPU reading that
   carries health lists the vGPUs running on it: the rows of that GPU whose vGPU it no longer
-  lists (with health) are deleted. An in-guest agent writes none of them (NVML in a guest
-  sees no licence server's view; the host's agent reports it). XID events go to `XidError`,
+  lists (with health) are deleted (not for dcgm-exporter's, which never lists vGPUs). An
+  in-guest agent writes none of them (NVML in a guest sees no licence server's view; the
+  host's agent reports it). XID events go to `XidError`,
   stamped like samples (the agent's clock, whole seconds: one code twice in a second is one
   event), dropped by the unique key when re-sent; a source that shows only the last XID code
   (dcgm-exporter, `XidEvent.last_seen`) adds one only when the code differs from the GPU's
-  newest stored XID. Readings without health (older agents,
-  sources that do not tell) change no state row.
+  newest stored XID. Readings without health (older agents, sources that do not tell) change
+  no state row.
 - Drift rows are upserted: one open row per kind and subject, `last_seen` bumped while the
   difference is reported. A later accepted report from the same agent that no longer shows it
   resolves it (`resolved_at`), for every kind except `unknown_gpu` (see above) and
@@ -127,6 +128,7 @@ from telemetry.payload import (
     profile_key,
 )
 from telemetry.services import agent_snapshot
+from telemetry.sources.dcgm import BACKEND as DCGM_BACKEND
 
 # The mapping asks for the key of the same few names thousands of times a batch (a regex each).
 _model_key = lru_cache(maxsize=4096)(model_key)
@@ -716,6 +718,8 @@ class _Batch:
             self._map_guest_agent(agent, report, ts)
             return
         host = self.hosts_by_id.get(self._host_id(agent))
+        # dcgm-exporter shows no vGPUs: its GPU readings say nothing of which run (see _write_vgpu_health).
+        lists_vgpus = report.backend != DCGM_BACKEND
         if host is not None and report.driver is not None and report.gpus:
             # A report of physical GPUs: one of guest vGPUs only names a VM's driver.
             self.drivers[host.pk] = report.driver
@@ -752,7 +756,7 @@ class _Batch:
                         self.last_xids[gpu.pk] = (event.code, sample_time(event.at))
                     else:
                         self.xids.add((gpu.pk, event.code, sample_time(event.at)))
-            if health is not None or any(v.health is not None for v in reading.vgpus):
+            if (health is not None and lists_vgpus) or any(v.health is not None for v in reading.vgpus):
                 self.vgpu_health_gpus.add(gpu.pk)
             for vgpu_reading in reading.vgpus:
                 self._host_vgpu(agent, gpu, vgpu_reading, ts)

@@ -295,3 +295,14 @@ def test_a_report_of_guest_vgpus_only_names_no_host_driver(world):
 
     assert not HostDriverState.objects.exists()
     assert not VgpuHealthState.objects.exists()  # licence is stored from the host's view only
+
+
+def test_a_dcgm_scrape_keeps_the_vgpu_rows_it_cannot_see(world):
+    store_reports([_report(world, T0)], received_at=T0)
+    dcgm = report("render-01", [gpu_reading(world.gpu.uuid, health=GpuHealth(pcie_replay_counter=0))], T0 + 10,
+                  backend="dcgm-exporter")
+
+    store_reports([(world.agent, dcgm)], received_at=T0 + 10)
+
+    assert VgpuHealthState.objects.get().vm == world.lighting  # dcgm-exporter lists no vGPUs: nothing gone
+    assert GpuHealthState.objects.get(gpu=world.gpu).pcie_replay_counter == 0
