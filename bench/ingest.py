@@ -102,7 +102,34 @@ def _raise_fd_limit() -> None:
 # -- inventory ------------------------------------------------------------------------------------
 
 
-def setup(agents: int, base_port: int) -> list[dict]:
+# What an agent with the health fields (issue 19) adds to a report of a healthy vGPU host: the same
+# state every poll, as on a healthy fleet, so the health writes cost only their per-batch reads.
+DRIVER = {"driver_version": "580.159.04", "vgpu_manager_version": "19.2", "nvml_version": "12.580.159.04",
+          "cuda_driver_version": 13000, "unsupported": []}
+GPU_HEALTH = {"ecc_mode": "enabled", "ecc_corrected_volatile": 0, "ecc_uncorrected_volatile": 0,
+              "ecc_corrected_aggregate": 0, "ecc_uncorrected_aggregate": 0, "retired_pages_sbe": None,
+              "retired_pages_dbe": None, "retired_pages_pending": None, "remapped_rows_correctable": 0,
+              "remapped_rows_uncorrectable": 0, "remapped_rows_pending": False, "remapped_rows_failure": False,
+              "throttle_reasons": ["gpu_idle"], "pcie_replay_counter": 0, "fan_speed_pct": None,
+              "temp_slowdown_c": 87.0, "temp_shutdown_c": 92.0, "power_limit_w": 350.0, "performance_state": "P0",
+              "xid_events": [], "unsupported": ["retired_pages_sbe", "retired_pages_dbe", "retired_pages_pending",
+                                                "fan_speed_pct"]}
+VGPU_HEALTH = {"license_state": "licensed", "license_expiry": 1798761600.0, "guest_driver_version": "580.95",
+               "frame_rate_limit": 60, "encoder_sessions": 0, "guest_info_state": "initialized", "unsupported": []}
+
+
+def with_health(document: dict) -> dict:
+    """The report with the health fields of a healthy host added (driver, per GPU, per vGPU)."""
+    document["driver"] = DRIVER
+    for gpu in document["gpus"]:
+        gpu["clocks_event_reasons"] = 1
+        gpu["health"] = GPU_HEALTH
+        for vgpu in gpu["vgpus"]:
+            vgpu.update(VGPU_HEALTH)
+    return document
+
+
+def setup(agents: int, base_port: int, health: bool = False) -> list[dict]:
     """Create (once) the bench inventory and its Agent rows; return the agents' serving spec."""
     import django
 
@@ -151,6 +178,8 @@ def setup(agents: int, base_port: int) -> list[dict]:
         )
         document = {"agent": {"version": "1.0.0", "hostname": name, "backend": "sim"}, "collected_at": 0.0,
                     "gpus": SimBackend(host_scenario(hosts[name], timezone="UTC")).collect(time.time())}
+        if health:
+            document = with_health(document)
         text = json.dumps(document, separators=(",", ":"))
         prefix, suffix = text.split('"collected_at":0.0', 1)
         spec.append({"id": agent.pk, "name": name, "port": port, "token": agent.token,
@@ -162,6 +191,27 @@ def setup(agents: int, base_port: int) -> list[dict]:
         cursor.execute("ANALYZE fleet_host, fleet_gpu, fleet_gpumodel, fleet_virtualmachine, fleet_vgpu, "
                        "fleet_vgpuprofile, telemetry_agent")
     return spec
+
+
+def warm_health(spec: list[dict], batch: int) -> None:
+    """Store one report of every agent, untimed, so the phases measure a fleet whose health state
+    rows exist and do not change (the steady state: a GPU's rows are written once, then only
+    when its health changes)."""
+    from telemetry.ingest import store_reports
+    from telemetry.models import Agent
+    from telemetry.payload import parse_agent_payload
+
+    agents = Agent.objects.in_bulk([agent["id"] for agent in spec])
+    started = time.monotonic()
+    for n in range(0, len(spec), batch):
+        now = time.time()
+        store_reports([(agents[agent["id"]], parse_agent_payload(f"{agent['prefix']}{now}{agent['suffix']}"))
+                       for agent in spec[n:n + batch]], received_at=now)
+    print(f"health state written for {len(spec)} agents in {time.monotonic() - started:.1f} s (untimed)", flush=True)
+    from django.db import connection
+
+    with connection.cursor() as cursor:  # as autovacuum would have, see setup()
+        cursor.execute("ANALYZE telemetry_gpuhealthstate, telemetry_vgpuhealthstate, telemetry_hostdriverstate")
 
 
 def clear_samples() -> None:
@@ -350,10 +400,14 @@ def main() -> int:
     parser.add_argument("--procs", type=int, default=2, help="collector processes of the second real phase")
     parser.add_argument("--batch", type=int, default=50, help="agents per poll_batch (TELEMETRY_BATCH_SIZE)")
     parser.add_argument("--base-port", type=int, default=20000)
+    parser.add_argument("--health", action="store_true",
+                        help="agents report the health fields of issue 19 (driver, GPU health, vGPU licence)")
     args = parser.parse_args()
     _raise_fd_limit()
 
-    spec = setup(args.agents, args.base_port)
+    spec = setup(args.agents, args.base_port, args.health)
+    if args.health:
+        warm_health(spec, args.batch)
     spec_path = ROOT / "var" / "bench-agents.json"
     spec_path.parent.mkdir(exist_ok=True)
     spec_path.write_text(json.dumps(spec))

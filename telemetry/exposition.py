@@ -1,10 +1,19 @@
 """Prometheus exposition at /metrics: the fleet's newest readings and capacity as gauges.
 
 So a studio's existing Prometheus and Grafana can chart and alert on the fleet without
-talking to the agents. One scrape costs a fixed number of queries (five) whatever the fleet's
+talking to the agents. One scrape costs a fixed number of queries (nine) whatever the fleet's
 size. Values come from the newest sample of each GPU and vGPU, if it is no older than
 TELEMETRY_STALE_AFTER_S; a stale or missing reading, or a metric the GPU does not report, is
 left out (no series) rather than shown as 0, so `absent()` alerts and gaps work as expected.
+
+Health (issue 19) comes from the state rows ingest keeps (`GpuHealthState`, `VgpuHealthState`,
+`HostDriverState`, `XidError`), for the GPUs whose newest sample is fresh (a GPU no longer
+reporting shows no health either). Where dcgm-exporter has a field for it, the series has its
+name (`DCGM_FI_DEV_ECC_SBE_VOL_TOTAL`, `DCGM_FI_DEV_XID_ERRORS`, ...) and the same meaning, with
+this exposition's labels, so dashboards and alert rules written for dcgm-exporter work here;
+the rest is named like the other gauges (`vgpu_fleet_...`). `DCGM_FI_DEV_XID_ERRORS` is the code
+of the GPU's newest stored XID (0: none within the raw retention), for GPUs that report health.
+Booleans are 1 or 0; a field the GPU does not support (null) has no series.
 
 Access: the series name artists and their VMs, so a scrape needs credentials, from loopback
 too (a reverse proxy on the same machine makes every request loopback's):
@@ -33,8 +42,8 @@ from config.roles import is_fleet_admin
 from fleet import api_tokens
 from fleet.choices import GpuMode
 from fleet.models import Gpu, Vgpu
-from telemetry.models import Agent, AgentStatus
-from telemetry.queries import latest_gpu_samples, latest_vgpu_samples
+from telemetry.models import Agent, AgentStatus, GpuHealthState, HostDriverState, VgpuHealthState
+from telemetry.queries import latest_gpu_samples, latest_vgpu_samples, latest_xid_codes
 
 PREFIX = "vgpu_fleet"
 GPU_LABELS = ["host", "gpu_uuid", "pci_bus_id", "gpu_model"]
@@ -60,10 +69,58 @@ VGPU_GAUGES = (
     ("enc_util", "vgpu_encoder_utilization_percent", "Encoder utilization of the vGPU, % of the GPU"),
     ("dec_util", "vgpu_decoder_utilization_percent", "Decoder utilization of the vGPU, % of the GPU"),
 )
+#: (GpuHealthState field, metric name, help) of the per-GPU health gauges; a name starting with
+#: DCGM_ is dcgm-exporter's, the others take PREFIX.
+GPU_HEALTH_GAUGES = (
+    ("ecc_corrected_volatile", "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL",
+     "Corrected (single-bit) ECC errors since the driver loaded"),
+    ("ecc_uncorrected_volatile", "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL",
+     "Uncorrected (double-bit) ECC errors since the driver loaded"),
+    ("ecc_corrected_aggregate", "DCGM_FI_DEV_ECC_SBE_AGG_TOTAL", "Corrected (single-bit) ECC errors, lifetime"),
+    ("ecc_uncorrected_aggregate", "DCGM_FI_DEV_ECC_DBE_AGG_TOTAL", "Uncorrected (double-bit) ECC errors, lifetime"),
+    ("retired_pages_sbe", "DCGM_FI_DEV_RETIRED_SBE", "Frame buffer pages retired for single-bit errors"),
+    ("retired_pages_dbe", "DCGM_FI_DEV_RETIRED_DBE", "Frame buffer pages retired for double-bit errors"),
+    ("retired_pages_pending", "DCGM_FI_DEV_RETIRED_PENDING", "1 when a page retirement waits for a GPU reset"),
+    ("remapped_rows_correctable", "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS",
+     "Memory rows remapped for correctable errors"),
+    ("remapped_rows_uncorrectable", "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS",
+     "Memory rows remapped for uncorrectable errors"),
+    ("remapped_rows_pending", "DCGM_FI_DEV_ROW_REMAP_PENDING", "1 when a row remap waits for a GPU reset"),
+    ("remapped_rows_failure", "DCGM_FI_DEV_ROW_REMAP_FAILURE", "1 when a row could not be remapped: replace the GPU"),
+    ("pcie_replay_counter", "DCGM_FI_DEV_PCIE_REPLAY_COUNTER", "PCIe replays (retried transfers)"),
+    ("fan_speed_pct", "DCGM_FI_DEV_FAN_SPEED", "Fan speed, %"),
+    ("power_limit_w", "DCGM_FI_DEV_POWER_MGMT_LIMIT", "Enforced power limit, watts"),
+    ("temp_slowdown_c", "gpu_slowdown_temperature_celsius", "Temperature at which the GPU slows down, degrees Celsius"),
+    ("temp_shutdown_c", "gpu_shutdown_temperature_celsius", "Temperature at which the GPU shuts down, degrees Celsius"),
+    ("ecc_mode", "gpu_ecc_enabled", "1 when ECC is enabled on the GPU, 0 when disabled"),
+    ("performance_state", "gpu_performance_state", "Performance state: 0 (P0, fastest) to 15"),
+)
+#: (VgpuHealthState field, metric name, help) of the per-vGPU health gauges.
+VGPU_HEALTH_GAUGES = (
+    ("license_state", "DCGM_FI_DEV_VGPU_LICENSE_STATUS", "1 when the vGPU is licensed, 0 when not"),
+    ("license_expiry", "vgpu_license_expiry_timestamp_seconds", "When the vGPU's licence expires, Unix seconds"),
+    ("frame_rate_limit", "vgpu_frame_rate_limit_fps", "Frame rate limit of the vGPU, frames per second"),
+    ("encoder_sessions", "vgpu_encoder_sessions", "Video encoder sessions open on the vGPU"),
+)
 
 
 def _gauge(name: str, documentation: str, labels: list[str]) -> GaugeMetricFamily:
-    return GaugeMetricFamily(f"{PREFIX}_{name}", documentation, labels=labels)
+    return GaugeMetricFamily(name if name.startswith("DCGM_") else f"{PREFIX}_{name}", documentation, labels=labels)
+
+
+def _number(field: str, value) -> float | None:
+    """A health field as a gauge value: booleans and states as numbers, None where there is none."""
+    if value is None:
+        return None
+    if field == "ecc_mode":
+        return 1 if value == "enabled" else 0
+    if field == "license_state":
+        return 1 if value == "licensed" else 0
+    if field == "performance_state":
+        return int(value[1:]) if value[1:].isdigit() else None
+    if field == "license_expiry":
+        return value.timestamp()
+    return float(value)
 
 
 class FleetCollector(Collector):
@@ -76,9 +133,14 @@ class FleetCollector(Collector):
         now = self.now or timezone.now()
         since = now - timedelta(seconds=settings.TELEMETRY_STALE_AFTER_S)
         gpus = {gpu.pk: gpu for gpu in Gpu.objects.select_related("host", "gpu_model").order_by("pk")}
-        yield from self._gpu_gauges(gpus, latest_gpu_samples(since=since), now)
+        samples = latest_gpu_samples(since=since)
+        yield from self._gpu_gauges(gpus, samples, now)
+        fresh = {gpu_id: gpus[gpu_id] for gpu_id in sorted(samples) if gpu_id in gpus}
+        yield from self._gpu_health_gauges(fresh, samples)
         vgpus = list(Vgpu.objects.select_related("vm__artist", "profile").order_by("gpu_id", "placement_id"))
         yield from self._vgpu_gauges(gpus, vgpus, latest_vgpu_samples(since=since))
+        yield from self._vgpu_health_gauges(fresh, vgpus)
+        yield from self._driver_gauges(fresh)
         yield from self._capacity_gauges(gpus, vgpus)
         yield from self._agent_gauges(now)
 
@@ -96,6 +158,58 @@ class FleetCollector(Collector):
             age.add_metric(labels, max(0.0, (now - sample["ts"]).total_seconds()))
         yield from (family for _, family in families)
         yield age
+
+    def _gpu_health_gauges(self, gpus: dict[int, Gpu], samples: dict[int, dict]):
+        """Health of the GPUs with a fresh sample: the state's fields, the newest XID, the throttle mask."""
+        families = [(field, _gauge(name, doc, GPU_LABELS)) for field, name, doc in GPU_HEALTH_GAUGES]
+        xid = _gauge("DCGM_FI_DEV_XID_ERRORS", "Code of the GPU's newest XID error; 0 when none was stored",
+                     GPU_LABELS)
+        throttle = _gauge("DCGM_FI_DEV_CLOCK_THROTTLE_REASONS",
+                          "Why the GPU's clocks are held back: NVML's clocks event reasons bitmask", GPU_LABELS)
+        # Whole tables (one row per GPU or running vGPU), as the GPUs and vGPUs are read above.
+        states = {row["gpu_id"]: row for row in GpuHealthState.objects.order_by().values()}
+        codes = latest_xid_codes()
+        for gpu_id, gpu in gpus.items():
+            labels = [gpu.host.name, gpu.uuid, gpu.pci_bus_id, gpu.gpu_model.name]
+            if samples[gpu_id].get("clocks_event_reasons") is not None:
+                throttle.add_metric(labels, samples[gpu_id]["clocks_event_reasons"])
+            state = states.get(gpu_id)
+            if state is None and gpu_id not in codes:
+                continue
+            xid.add_metric(labels, codes.get(gpu_id, 0))
+            for field, family in families:
+                if state is not None and (value := _number(field, state[field])) is not None:
+                    family.add_metric(labels, value)
+        yield from (family for _, family in families)
+        yield from (xid, throttle)
+
+    def _vgpu_health_gauges(self, gpus: dict[int, Gpu], vgpus: list[Vgpu]):
+        """Licence and guest of the running vGPUs (as their host's agent reports them) on fresh GPUs."""
+        families = [(field, _gauge(name, doc, VGPU_LABELS)) for field, name, doc in VGPU_HEALTH_GAUGES]
+        states = {(row["vm_id"], row["gpu_id"]): row
+                  for row in VgpuHealthState.objects.order_by().values()}
+        for vgpu in vgpus:
+            gpu, state = gpus.get(vgpu.gpu_id), states.get((vgpu.vm_id, vgpu.gpu_id))
+            if gpu is None or state is None:
+                continue
+            artist = vgpu.vm.artist.name if vgpu.vm.artist else ""
+            labels = [gpu.host.name, gpu.uuid, vgpu.vm.name, artist, vgpu.profile.name]
+            for field, family in families:
+                if (value := _number(field, state[field])) is not None:
+                    family.add_metric(labels, value)
+        yield from (family for _, family in families)
+
+    def _driver_gauges(self, gpus: dict[int, Gpu]):
+        """One info series per host with fresh GPUs whose agent reports its NVIDIA software."""
+        info = _gauge("host_driver_info", "The NVIDIA driver and vGPU manager versions of the host (always 1)",
+                      ["host", "driver_version", "vgpu_manager_version", "cuda_driver_version"])
+        hosts = {gpu.host_id: gpu.host.name for gpu in gpus.values()}
+        for row in HostDriverState.objects.order_by("host_id"):
+            if row.host_id not in hosts:
+                continue
+            info.add_metric([hosts[row.host_id], row.driver_version or "", row.vgpu_manager_version or "",
+                             str(row.cuda_driver_version or "")], 1)
+        yield info
 
     def _vgpu_gauges(self, gpus: dict[int, Gpu], vgpus: list[Vgpu], samples: dict[tuple[int, int], dict]):
         families = [(field, _gauge(name, doc, VGPU_LABELS)) for field, name, doc in VGPU_GAUGES]

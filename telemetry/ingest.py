@@ -50,6 +50,20 @@ and the nvidia-smi push API both call it with validated `Report`s. Rules, and wh
   declared vGPU with that device (inventory's or last reported) among several on the GPU, and is
   kept on the vGPU row (`Vgpu.reported_device_id`, for drift and sync), written only when it
   differs from the stored one: a null (older agent, SR-IOV vGPU, a failed read) changes nothing.
+- Health (issue 19), stored only where the scope admits the GPU's samples: each GPU's latest
+  reading in `GpuHealthState`, each host-reported vGPU's licence and guest (per VM and GPU, as
+  the samples) in `VgpuHealthState`, each host's driver versions in `HostDriverState`. They are
+  state, not series: a row is upserted only when the reading differs from it (`changed_at`),
+  so an unchanged fleet costs a read per table and batch. A host agent's GPU reading that
+  carries health lists the vGPUs running on it: the rows of that GPU whose vGPU it no longer
+  lists (with health) are deleted (not for dcgm-exporter's, which never lists vGPUs). An
+  in-guest agent writes none of them (NVML in a guest sees no licence server's view; the
+  host's agent reports it). XID events go to `XidError`,
+  stamped like samples (the agent's clock, whole seconds: one code twice in a second is one
+  event), dropped by the unique key when re-sent; a source that shows only the last XID code
+  (dcgm-exporter, `XidEvent.last_seen`) adds one only when the code differs from the GPU's
+  newest stored XID. Readings without health (older agents, sources that do not tell) change
+  no state row.
 - Drift rows are upserted: one open row per kind and subject, `last_seen` bumped while the
   difference is reported. A later accepted report from the same agent that no longer shows it
   resolves it (`resolved_at`), for every kind except `unknown_gpu` (see above) and
@@ -68,6 +82,7 @@ and the nvidia-smi push API both call it with validated `Report`s. Rules, and wh
 
 from __future__ import annotations
 
+import json
 import math
 import re
 import time
@@ -77,10 +92,11 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from functools import lru_cache
+from operator import attrgetter
 
 from django.conf import settings
 from django.db import IntegrityError, connection, transaction
-from django.db.models import Q
+from django.db.models import OuterRef, Q, Subquery
 from django.db.models.functions import Lower
 
 from fleet import audit
@@ -88,9 +104,31 @@ from fleet.choices import AuditSource, GpuMode
 from fleet.locks import lock_rows
 from fleet.models import Gpu, GpuModel, Host, Vgpu, VirtualMachine
 from fleet.pci import canonical_pci_bus_id
-from telemetry.models import Agent, Drift, DriftKind, GpuSample, VgpuSample
-from telemetry.payload import GpuReading, Report, VgpuReading, model_key, profile_key
+from telemetry.models import (
+    Agent,
+    Drift,
+    DriftKind,
+    GpuHealthState,
+    GpuSample,
+    HostDriverState,
+    VgpuHealthState,
+    VgpuSample,
+    XidError,
+)
+from telemetry.payload import (
+    GPU_HEALTH_FIELDS,
+    VGPU_HEALTH_FIELDS,
+    DriverInfo,
+    GpuHealth,
+    GpuReading,
+    Report,
+    VgpuHealth,
+    VgpuReading,
+    model_key,
+    profile_key,
+)
 from telemetry.services import agent_snapshot
+from telemetry.sources.dcgm import BACKEND as DCGM_BACKEND
 
 # The mapping asks for the key of the same few names thousands of times a batch (a regex each).
 _model_key = lru_cache(maxsize=4096)(model_key)
@@ -288,7 +326,7 @@ class _GpuRef:
 
 # Sample columns in table order after the key, for the bulk writers.
 GPU_SAMPLE_COLUMNS = ("gpu_id", "ts", "util_gpu", "util_mem", "fb_used_mib", "fb_total_mib", "enc_util", "dec_util",
-                      "temp_c", "power_w", "sm_clock_mhz")
+                      "temp_c", "power_w", "sm_clock_mhz", "clocks_event_reasons")
 VGPU_SAMPLE_COLUMNS = ("vm_id", "gpu_id", "vgpu_id", "ts", "fb_used_mib", "util_gpu", "util_mem", "enc_util",
                        "dec_util")
 
@@ -313,6 +351,15 @@ class _Batch:
         self.vgpu_samples: dict[tuple, tuple] = {}
         self.schedulers: dict[int, dict] = {}  # GPU pk -> its scheduler reading in this batch
         self.devices: dict[int, str] = {}  # vGPU pk -> the device its agent reports, where it changed
+        # Health (issue 19): the latest reading per GPU, per host-reported vGPU (VM pk, GPU pk) with
+        # its vGPU pk and type, and per host; the XID events as (GPU pk, code, time) keys; and the
+        # GPUs whose report says which vGPUs run on them with health (their other rows go).
+        self.gpu_health: dict[int, GpuHealth] = {}
+        self.vgpu_health: dict[tuple[int, int], tuple[int | None, str | None, VgpuHealth]] = {}
+        self.vgpu_health_gpus: set[int] = set()
+        self.drivers: dict[int, DriverInfo] = {}
+        self.xids: set[tuple[int, int, datetime]] = set()
+        self.last_xids: dict[int, tuple[int, datetime]] = {}  # GPU pk -> a source's last XID code, when seen
         self.events: list = []  # audit events of the inventory rows discovery created or changed
         self.bound: dict[int, tuple[Agent, Host]] = {}  # agent pk -> the host its first report bound it to
         self.created_hosts: set[str] = set()
@@ -330,6 +377,7 @@ class _Batch:
         self._write_samples()
         self._write_schedulers()
         self._write_reported_devices()
+        self._write_health()
         self._write_scheduler_write_flags()
         self._write_drifts()
 
@@ -670,6 +718,11 @@ class _Batch:
             self._map_guest_agent(agent, report, ts)
             return
         host = self.hosts_by_id.get(self._host_id(agent))
+        # dcgm-exporter shows no vGPUs: its GPU readings say nothing of which run (see _write_vgpu_health).
+        lists_vgpus = report.backend != DCGM_BACKEND
+        if host is not None and report.driver is not None and report.gpus:
+            # A report of physical GPUs: one of guest vGPUs only names a VM's driver.
+            self.drivers[host.pk] = report.driver
         for reading in report.gpus:
             gpu = self.gpus.get(reading.uuid)
             if gpu is None:
@@ -691,9 +744,20 @@ class _Batch:
             self.gpu_samples[(gpu.pk, ts)] = (
                 gpu.pk, ts, reading.util_gpu, reading.util_mem, reading.fb_used_mib, reading.fb_total_mib,
                 reading.enc_util, reading.dec_util, reading.temp_c, reading.power_w, reading.sm_clock_mhz,
+                reading.clocks_event_reasons,
             )
             if reading.scheduler is not None:
                 self.schedulers[gpu.pk] = reading.scheduler
+            health = reading.health
+            if health is not None:
+                self.gpu_health[gpu.pk] = health
+                for event in health.xid_events:
+                    if event.last_seen:
+                        self.last_xids[gpu.pk] = (event.code, sample_time(event.at))
+                    else:
+                        self.xids.add((gpu.pk, event.code, sample_time(event.at)))
+            if (health is not None and lists_vgpus) or any(v.health is not None for v in reading.vgpus):
+                self.vgpu_health_gpus.add(gpu.pk)
             for vgpu_reading in reading.vgpus:
                 self._host_vgpu(agent, gpu, vgpu_reading, ts)
         for vgpu_reading in report.guest_vgpus:
@@ -766,6 +830,9 @@ class _Batch:
             if device and device != vgpu.reported:
                 self.devices[vgpu.pk] = device
         self._vgpu_sample(vm, gpu.pk, vgpu, reading, ts)
+        if reading.health is not None:
+            self.vgpu_health[(vm.pk, gpu.pk)] = (vgpu.pk if vgpu is not None else None, reading.type_name,
+                                                 reading.health)
 
     def _guest_vgpu(self, agent: Agent, report: Report, reading: VgpuReading, ts: datetime) -> None:
         vm = self._vm(reading)
@@ -839,6 +906,85 @@ class _Batch:
                    for row in locked]
         Vgpu.objects.bulk_update(changed, ["reported_device_id", "reported_device_at"])
 
+    def _write_health(self) -> None:
+        """Store the health readings: state rows where they changed, XID events once each.
+
+        The state tables hold the latest reading (`changed_at`: when it last changed), so each is
+        read once per batch for the batch's GPUs or hosts and only what differs is upserted: a
+        fleet whose health does not change costs three reads a batch and no write. The rows hang
+        off the fleet's and lock nothing after themselves (fleet.locks' last group): they are
+        written after the GPUs and vGPUs, each table in ascending key, so two batches reporting
+        the same GPUs queue behind each other rather than deadlock.
+        """
+        self._write_gpu_health()
+        self._write_vgpu_health()
+        self._write_drivers()
+        if self.last_xids:
+            # A source that shows only the last XID code (dcgm-exporter): an event only when the
+            # code differs from the GPU's newest stored one, so a held value is stored once.
+            newest = XidError.objects.filter(gpu_id=OuterRef("pk")).order_by("-at", "-pk").values("code")[:1]
+            stored = dict(Gpu.objects.filter(pk__in=self.last_xids).order_by().annotate(
+                last=Subquery(newest)).values_list("pk", "last"))
+            self.xids.update((gpu_id, code, at) for gpu_id, (code, at) in self.last_xids.items()
+                             if stored.get(gpu_id) != code)
+        if self.xids:
+            # An event re-sent (a retried poll, a re-posted document) is dropped by the unique key.
+            XidError.objects.bulk_create(
+                [XidError(gpu_id=gpu_id, code=code, at=at, received_at=self.now)
+                 for gpu_id, code, at in sorted(self.xids)], ignore_conflicts=True)
+
+    def _write_gpu_health(self) -> None:
+        if not self.gpu_health:
+            return
+        stored = {row[0]: row[1:] for row in _stored_state(GpuHealthState, "gpu_id", GPU_HEALTH_FIELDS,
+                                                            self.gpu_health)}
+        changed = []
+        for gpu_id in sorted(self.gpu_health):
+            values = _health_values(self.gpu_health[gpu_id], GPU_HEALTH_FIELDS)
+            if stored.get(gpu_id) != values:
+                changed.append(GpuHealthState(gpu_id=gpu_id, changed_at=self.now,
+                                              **_state_fields(GPU_HEALTH_FIELDS, values)))
+        if changed:
+            GpuHealthState.objects.bulk_create(changed, update_conflicts=True, unique_fields=["gpu"],
+                                               update_fields=[*GPU_HEALTH_FIELDS, "changed_at"])
+
+    def _write_vgpu_health(self) -> None:
+        """Upsert the changed vGPU rows and delete those of the reported GPUs whose vGPU is no longer
+        reported (the VM stopped, moved, or is no longer in scope): the rows are the vGPUs running now."""
+        if not self.vgpu_health_gpus:
+            return
+        fields = ("vgpu_id", "type_name", *VGPU_HEALTH_FIELDS)
+        stored = {(vm_id, gpu_id): (pk, tuple(rest)) for gpu_id, pk, vm_id, *rest in _stored_state(
+            VgpuHealthState, "gpu_id", ("id", "vm_id", *fields), self.vgpu_health_gpus)}
+        changed = []
+        for (vm_id, gpu_id), (vgpu_id, type_name, health) in sorted(self.vgpu_health.items()):
+            values = (vgpu_id, type_name, *_health_values(health, VGPU_HEALTH_FIELDS))
+            row = stored.get((vm_id, gpu_id))
+            if row is None or row[1] != values:
+                changed.append(VgpuHealthState(vm_id=vm_id, gpu_id=gpu_id, changed_at=self.now,
+                                               **_state_fields(fields, values)))
+        gone = sorted(pk for key, (pk, _) in stored.items() if key not in self.vgpu_health)
+        if gone:
+            VgpuHealthState.objects.filter(pk__in=gone).delete()
+        if changed:
+            VgpuHealthState.objects.bulk_create(changed, update_conflicts=True, unique_fields=["vm", "gpu"],
+                                                update_fields=[*fields, "changed_at"])
+
+    def _write_drivers(self) -> None:
+        if not self.drivers:
+            return
+        fields = tuple(DriverInfo.__slots__)
+        stored = {row[0]: row[1:] for row in _stored_state(HostDriverState, "host_id", fields, self.drivers)}
+        changed = []
+        for host_id in sorted(self.drivers):
+            values = _health_values(self.drivers[host_id], fields)
+            if stored.get(host_id) != values:
+                changed.append(HostDriverState(host_id=host_id, changed_at=self.now,
+                                               **_state_fields(fields, values)))
+        if changed:
+            HostDriverState.objects.bulk_create(changed, update_conflicts=True, unique_fields=["host"],
+                                                update_fields=[*fields, "changed_at"])
+
     def _write_scheduler_write_flags(self) -> None:
         """Store on each agent whether it accepts scheduler changes, as its report says: no query
         while nothing changes (the Agent rows in hand carry the stored value)."""
@@ -907,6 +1053,78 @@ class _Batch:
             Drift.objects.filter(pk__in=over).update(resolved_at=self.now)
         self.stats.drifts = len(self.found)
         self.stats.resolved_drifts = len(over)
+
+
+@lru_cache(maxsize=4096)
+def _epoch(seconds: float) -> float:
+    """Unix seconds as a time column keeps them (whole microseconds): licence expiries repeat."""
+    return datetime.fromtimestamp(seconds, tz=UTC).timestamp()
+
+
+@lru_cache(maxsize=64)
+def _getter(fields: tuple[str, ...]):
+    return attrgetter(*fields)
+
+
+def _health_values(reading: GpuHealth | VgpuHealth | DriverInfo, fields: tuple[str, ...]) -> tuple:
+    """A health reading's `fields` as `_stored_state` reads them back (a licence expiry as the Unix
+    seconds its column keeps), to compare with the stored row."""
+    values = _getter(fields)(reading)
+    if isinstance(reading, VgpuHealth) and reading.license_expiry is not None:
+        at = fields.index("license_expiry")
+        values = (*values[:at], _epoch(reading.license_expiry), *values[at + 1:])
+    return values
+
+
+def _state_fields(fields: tuple[str, ...], values: tuple) -> dict:
+    """Keyword arguments of a state row from `_health_values`' tuple (the expiry back to a time)."""
+    row = dict(zip(fields, values, strict=True))
+    if row.get("license_expiry") is not None:
+        row["license_expiry"] = datetime.fromtimestamp(row["license_expiry"], tz=UTC)
+    return row
+
+
+@lru_cache(maxsize=4096)
+def _json_text(text: str):
+    return json.loads(text)
+
+
+def _json(value):
+    """A jsonb value as read (text, or decoded where the driver already did), decoded; lists become
+    tuples in the cache and lists again here, so a caller cannot change the cached value."""
+    if not isinstance(value, str):
+        return value
+    decoded = _json_text(value)
+    return list(decoded) if isinstance(decoded, list) else decoded
+
+
+def _stored_state(model: type, key: str, fields: tuple[str, ...], ids: Iterable[int]) -> list[tuple]:
+    """The state rows of `model` whose `key` column is in `ids`, as tuples (`key`, *fields) in the form
+    `_health_values` gives: JSON decoded, a time as Unix seconds.
+
+    This read runs on every batch, so on PostgreSQL it is plain SQL with one array parameter:
+    turning 1,600 timestamps into Django's aware datetimes cost 8 ms a batch of 50 agents, the
+    epoch as a double costs nothing; the ORM's per-value placeholders and field conversions
+    cost as much again.
+    """
+    json_columns = {f.column for f in model._meta.concrete_fields if f.get_internal_type() == "JSONField"}
+    time_columns = {f.column for f in model._meta.concrete_fields if f.get_internal_type() == "DateTimeField"}
+    columns = [key, *(model._meta.get_field(name).column if name != "id" else "id" for name in fields)]
+    ids = list(ids)
+    if connection.vendor == "postgresql":
+        select = ", ".join(f"extract(epoch from {c})::float8" if c in time_columns else c for c in columns)
+        with connection.cursor() as cursor:
+            cursor.execute(f"SELECT {select} FROM {model._meta.db_table} WHERE {key} = ANY(%s::bigint[])", [ids])
+            rows = cursor.fetchall()
+        # Django reads jsonb as text and leaves decoding to the field; the few distinct values
+        # (lists of field or flag names) are decoded once.
+        for at in (i for i, c in enumerate(columns) if c in json_columns):
+            rows = [(*row[:at], _json(row[at]), *row[at + 1:]) for row in rows]
+        return rows
+    time_at = [i for i, c in enumerate(columns) if c in time_columns]
+    rows = model.objects.filter(**{f"{key}__in": ids}).values_list(*columns)
+    return [tuple(v.timestamp() if i in time_at and v is not None else v for i, v in enumerate(row))
+            for row in rows]
 
 
 def _insert_staged(tables: list[tuple[type, tuple[str, ...], Iterable[tuple]]]) -> list[int]:

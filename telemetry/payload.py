@@ -68,6 +68,9 @@ LICENSE_STATES = ("licensed", "unlicensed")
 GUEST_INFO_STATES = ("initialized", "uninitialized")
 ECC_MODES = ("enabled", "disabled")
 MAX_COUNT = 2**62  # an error or replay counter; beyond it the sender is broken
+# A frame rate or session count, stored in a 32-bit column: beyond it the sender is broken, and
+# the row would fail the batch's transaction on PostgreSQL.
+MAX_SMALL_COUNT = 2**31 - 1
 MAX_XID_EVENTS = 1000  # per GPU and report; a storm beyond it is cut, and says so in the count
 
 
@@ -78,10 +81,16 @@ def throttle_names(mask: int) -> list[str]:
 
 @dataclass(slots=True)
 class XidEvent:
-    """One critical XID error the driver raised on a GPU: its code and when (Unix seconds)."""
+    """One critical XID error the driver raised on a GPU: its code and when (Unix seconds).
+
+    `last_seen`: the source shows only the code of the GPU's last XID, not each event
+    (dcgm-exporter's gauge), and `at` is when it was seen; ingest stores such an event only
+    when its code differs from the newest one stored for the GPU. Never set by the agent.
+    """
 
     code: int
     at: float
+    last_seen: bool = False
 
 
 @dataclass(slots=True)
@@ -306,13 +315,13 @@ def check_str(value: Any, path: str, max_length: int, *, required: bool = False)
     raise PayloadError(f"{path}: expected {what}{'' if required else ' or null'}, got {show(value)}")
 
 
-def check_count(value: Any, path: str) -> int | None:
-    """A counter: an integer 0..2**62 or None."""
+def check_count(value: Any, path: str, maximum: int = MAX_COUNT) -> int | None:
+    """A counter: an integer 0..`maximum` (2**62 by default) or None."""
     if value is None:
         return None
-    if type(value) is int and 0 <= value <= MAX_COUNT:
+    if type(value) is int and 0 <= value <= maximum:
         return value
-    raise PayloadError(f"{path}: expected an integer count >= 0 or null, got {show(value)}")
+    raise PayloadError(f"{path}: expected an integer count 0..{maximum} or null, got {show(value)}")
 
 
 def check_flag(value: Any, path: str) -> bool | None:
@@ -405,8 +414,8 @@ def parse_vgpu_health(obj: dict, path: str) -> VgpuHealth | None:
         license_state=check_choice(get("license_state"), path + ".license_state", LICENSE_STATES),
         license_expiry=check_number(get("license_expiry"), path + ".license_expiry", 0, 1e11, "Unix seconds"),
         guest_driver_version=check_str(get("guest_driver_version"), path + ".guest_driver_version", MAX_SHORT),
-        frame_rate_limit=check_count(get("frame_rate_limit"), path + ".frame_rate_limit"),
-        encoder_sessions=check_count(get("encoder_sessions"), path + ".encoder_sessions"),
+        frame_rate_limit=check_count(get("frame_rate_limit"), path + ".frame_rate_limit", MAX_SMALL_COUNT),
+        encoder_sessions=check_count(get("encoder_sessions"), path + ".encoder_sessions", MAX_SMALL_COUNT),
         guest_info_state=check_choice(get("guest_info_state"), path + ".guest_info_state", GUEST_INFO_STATES),
         unsupported=_unsupported(obj, path, VGPU_HEALTH_FIELDS),
     )

@@ -16,10 +16,19 @@ from django.db.models import Avg, Count, F, Max, OuterRef, Subquery
 
 from fleet.models import Gpu, Vgpu, VirtualMachine
 from telemetry.filtersets import status_filter
-from telemetry.models import Agent, AgentStatus, GpuSample, VgpuSample, VmRollup
+from telemetry.models import (
+    Agent,
+    AgentStatus,
+    GpuHealthState,
+    GpuSample,
+    HostDriverState,
+    VgpuSample,
+    VmRollup,
+    XidError,
+)
 
 GPU_SAMPLE_FIELDS = ("ts", "util_gpu", "util_mem", "fb_used_mib", "fb_total_mib", "enc_util", "dec_util",
-                     "temp_c", "power_w", "sm_clock_mhz")
+                     "temp_c", "power_w", "sm_clock_mhz", "clocks_event_reasons")
 VGPU_SAMPLE_FIELDS = ("ts", "fb_used_mib", "util_gpu", "util_mem", "enc_util", "dec_util")
 
 
@@ -116,3 +125,41 @@ def recent_vgpu_gpus(vm_ids: Iterable[int], since: datetime) -> dict[int, list[t
     for row in rows:
         found.setdefault(row["vm_id"], []).append((row["gpu__pci_bus_id"], row["last"]))
     return found
+
+
+# Health (issue 19) ----------------------------------------------------------------------------
+
+#: How many of a GPU's XID errors its health shows, newest first.
+RECENT_XIDS = 10
+GPU_HEALTH_STATE_FIELDS = tuple(
+    f.name for f in GpuHealthState._meta.concrete_fields if f.name not in ("gpu",))
+HOST_DRIVER_FIELDS = tuple(f.name for f in HostDriverState._meta.concrete_fields if f.name != "host")
+
+
+def gpu_health(gpu_id: int) -> dict | None:
+    """The GPU's latest health reading (GpuHealthState's fields, `changed_at` when it last changed)
+    and its RECENT_XIDS newest XID errors as `xid_errors` [{code, at}], or None when its agent
+    never reported health nor an XID. Two queries."""
+    state = GpuHealthState.objects.filter(gpu_id=gpu_id).values(*GPU_HEALTH_STATE_FIELDS).first()
+    xids = list(XidError.objects.filter(gpu_id=gpu_id).order_by("-at", "-pk").values("code", "at")[:RECENT_XIDS])
+    if state is None and not xids:
+        return None
+    health = state or dict.fromkeys(GPU_HEALTH_STATE_FIELDS)
+    if state is None:
+        health["unsupported"] = []
+    return {**health, "xid_errors": xids}
+
+
+def host_driver(host_id: int) -> dict | None:
+    """The NVIDIA software versions the host's agent last reported (HostDriverState's fields), or
+    None when it never did. One query."""
+    return HostDriverState.objects.filter(host_id=host_id).values(*HOST_DRIVER_FIELDS).first()
+
+
+def latest_xid_codes(gpu_ids: Iterable[int] | None = None) -> dict[int, int]:
+    """The code of each GPU's newest stored XID error, {gpu_id: code}, of the GPUs in `gpu_ids`
+    (every GPU when None); GPUs without one are absent. One query."""
+    newest = XidError.objects.filter(gpu_id=OuterRef("pk")).order_by("-at", "-pk").values("code")[:1]
+    gpus = Gpu.objects.order_by() if gpu_ids is None else Gpu.objects.filter(pk__in=list(gpu_ids)).order_by()
+    rows = gpus.annotate(code=Subquery(newest)).values_list("pk", "code")
+    return {pk: code for pk, code in rows if code is not None}

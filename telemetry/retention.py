@@ -3,6 +3,8 @@
 - raw GPU and vGPU samples: TELEMETRY_RETENTION_RAW_DAYS, but never a sample that a rollup
   series has not passed yet (its 5-minute and hourly checkpoints, less the late window those
   series still rebuild), so a stalled rollup task loses no data: retention waits for it;
+- XID errors (`XidError`): TELEMETRY_RETENTION_RAW_DAYS after they arrived, like the raw
+  samples they happened among; nothing rolls them up, so no checkpoint holds them back;
 - 5-minute rollups: TELEMETRY_RETENTION_5M_DAYS; hourly rollups: TELEMETRY_RETENTION_1H_DAYS;
 - audit events: AUDIT_RETENTION_DAYS when above 0; by default (0) the log is kept forever, as
   an audit trail usually must be.
@@ -23,7 +25,7 @@ from django.utils import timezone
 
 from fleet.models import AuditEvent
 from telemetry.aggregation import bucket_floor
-from telemetry.models import ROLLUP_STEPS_S, GpuRollup, GpuSample, RollupCheckpoint, VgpuSample, VmRollup
+from telemetry.models import ROLLUP_STEPS_S, GpuRollup, GpuSample, RollupCheckpoint, VgpuSample, VmRollup, XidError
 from telemetry.rollups import checkpoint_name
 
 logger = logging.getLogger(__name__)
@@ -36,7 +38,7 @@ def delete_in_batches(queryset: QuerySet, batch_size: int, max_batches: int | No
     deleted = batches = 0
     ids = queryset.order_by().values("pk")
     while max_batches is None or batches < max_batches:
-        # The models pruned here (samples, rollups, audit events) have no dependents and no signals,
+        # The models pruned here (samples, XID errors, rollups, audit events) have no dependents and no signals,
         # so this is one plain DELETE.
         count, _ = model.objects.filter(pk__in=ids[:batch_size]).delete()
         deleted += count
@@ -76,6 +78,10 @@ def prune_samples(now: datetime | None = None, batch_size: int | None = None,
         deleted[name] = (
             delete_in_batches(model.objects.filter(ts__lt=cutoff), batch_size, max_batches) if cutoff else 0
         )
+    # By arrival, not by the agent's stamp: a host with a wrong clock must not keep its errors
+    # forever or lose them at once (and `received_at` is indexed for this).
+    deleted["xid_errors"] = delete_in_batches(XidError.objects.filter(
+        received_at__lt=now - timedelta(days=settings.TELEMETRY_RETENTION_RAW_DAYS)), batch_size, max_batches)
     for step_s, days in ((300, settings.TELEMETRY_RETENTION_5M_DAYS), (3600, settings.TELEMETRY_RETENTION_1H_DAYS)):
         cutoff = now - timedelta(days=days)
         for name, model in (("gpu_rollups", GpuRollup), ("vm_rollups", VmRollup)):

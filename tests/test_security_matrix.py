@@ -349,6 +349,9 @@ ROWS = [
     Row("api/v1/hosts/", lambda w: "/api/v1/hosts/", API_SIGNED_IN, Unsafe("post", API_WRITE_ADMINS, lambda w: {})),
     Row("api/v1/hosts/{pk}/", lambda w: f"/api/v1/hosts/{w.host_a.pk}/", API_OWN,
         Unsafe("patch", (401, 403, 403, 400, 400, 401), lambda w: {"cpu_threads": -1})),
+    # The host's NVIDIA software (telemetry): whoever sees the host; read-only.
+    Row("api/v1/hosts/{pk}/driver/", lambda w: f"/api/v1/hosts/{w.host_a.pk}/driver/", API_OWN,
+        Unsafe("post", API_READ_ONLY_SIGNED_IN, lambda w: {})),
     Row("api/v1/gpus/", lambda w: "/api/v1/gpus/", API_SIGNED_IN, Unsafe("post", API_WRITE_ADMINS, lambda w: {})),
     Row("api/v1/gpus/{pk}/", lambda w: f"/api/v1/gpus/{w.gpu_a.pk}/", API_OWN,
         Unsafe("patch", (401, 403, 403, 400, 400, 401), lambda w: {"mode": "nonsense"})),

@@ -18,6 +18,9 @@ urlpatterns += router.urls
 
 urlpatterns += scheduler.urlpatterns
 
+# hosts/{id}/driver/: the NVIDIA software a host's agent reports (read-only).
+urlpatterns += gpus.urlpatterns
+
 # gpus/{id}/metrics/, vms/{id}/metrics/: time series from the rollups.
 urlpatterns += [
     path("gpus/<int:pk>/metrics/", metrics.GpuMetricsView.as_view(), name="gpu-metrics"),

@@ -7,7 +7,7 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-from telemetry.models import GpuRollup, GpuSample, RollupCheckpoint, VgpuSample, VmRollup
+from telemetry.models import GpuRollup, GpuSample, RollupCheckpoint, VgpuSample, VmRollup, XidError
 from telemetry.retention import prune_samples, raw_cutoff
 from telemetry.rollup_tasks import prune_samples as prune_samples_task
 from telemetry.rollups import build_rollups
@@ -43,6 +43,23 @@ def test_old_raw_samples_go_recent_ones_stay(world):
     assert deleted["vgpu_samples"] == 4
     assert sorted(GpuSample.objects.values_list("pk", flat=True)) == sorted(s.pk for s in recent)
     assert sorted(VgpuSample.objects.values_list("pk", flat=True)) == sorted(s.pk for s in kept_vgpu)
+
+
+def test_xid_errors_go_with_the_raw_samples_by_when_they_arrived(world):
+    def xid(code, received_days_ago, at_days_ago):
+        return XidError.objects.create(gpu=world.gpu_1, code=code, at=NOW - timedelta(days=at_days_ago),
+                                       received_at=NOW - timedelta(days=received_days_ago))
+
+    xid(79, 15, 15)
+    xid(48, 14.5, 1)  # stamped recently by a host whose clock was wrong; arrived 14.5 days ago
+    kept = [xid(79, 13, 13), xid(13, 1, 40)]  # the other way round
+
+    # No rollup has run: samples stay, XID errors need none and go by age.
+    deleted = prune_samples(now=NOW)
+
+    assert (deleted["xid_errors"], deleted["gpu_samples"]) == (2, 0)
+    assert sorted(XidError.objects.values_list("pk", flat=True)) == sorted(x.pk for x in kept)
+    assert prune_samples(now=NOW)["xid_errors"] == 0
 
 
 def test_rollups_go_by_their_own_retention(world):
