@@ -136,7 +136,7 @@ TEMPLATES = [
                 "django.template.context_processors.request",
                 "django.contrib.auth.context_processors.auth",
                 "django.contrib.messages.context_processors.messages",
-                "dashboard.context_processors.badges",  # navigation badges: unread notifications, pending requests, alerts
+                "dashboard.context_processors.badges",  # menu badges: unread notifications, pending requests, alerts
                 "dashboard.navigation.menu",  # the main menu: its groups, links and the current page
             ],
         },
