@@ -111,3 +111,26 @@ def test_the_versions_page_flags_a_guest_newer_than_its_host_and_hosts_that_diff
     page = staff.get("/versions/").content.decode()
     assert "newer than host: unsupported" in page
     assert "Quadro RTX 6000 hosts differ: node-09, node-10" in page
+
+
+def test_the_gpu_page_shows_its_health_open_alerts_and_xids_with_their_meaning(staff, alert):
+    from telemetry.models import GpuHealthState, XidError
+
+    GpuHealthState.objects.create(gpu=alert.gpu, ecc_mode="enabled", ecc_uncorrected_volatile=2,
+                                  ecc_corrected_volatile=7, remapped_rows_pending=True, remapped_rows_correctable=0,
+                                  remapped_rows_uncorrectable=1, throttle_reasons=["hw_thermal_slowdown"],
+                                  changed_at=timezone.now())
+    XidError.objects.create(gpu=alert.gpu, code=79, at=timezone.now())
+    page = staff.get(f"/gpus/{alert.gpu_id}/").content.decode()
+    assert "GPU has fallen off the bus" in page
+    assert "uncorrectable since reset 2" in page
+    assert "reset pending" in page
+    assert "hw_thermal_slowdown" in page
+    assert f'href="/alerts/{alert.pk}/"' in page
+
+
+def test_the_host_page_names_its_driver(staff, alert):
+    HostDriverState.objects.create(host=alert.host, driver_version="580.95.02", vgpu_manager_version="19.2",
+                                   changed_at=timezone.now())
+    page = staff.get(f"/hosts/{alert.host_id}/").content.decode()
+    assert "580.95.02, vGPU manager 19.2" in page

@@ -518,8 +518,9 @@ def test_host_page_query_count_does_not_grow_with_gpus_vms_and_agents(staff_clie
 
     assert count_queries(staff_client, f"/hosts/{small.host.pk}/") == count_queries(staff_client,
                                                                                     f"/hosts/{big.host.pk}/")
-    # session, user, host, GPUs, their samples, VMs, vGPUs, agents, history, badges, hypervisor status and diff
-    with django_assert_num_queries(12):
+    # session, user, host, GPUs, their samples, VMs, vGPUs, agents, history, badges, hypervisor status and diff,
+    # driver versions
+    with django_assert_num_queries(13):
         body = page(staff_client, f"/hosts/{big.host.pk}/")
     assert len(re.findall(r"<tr data-gpu=", body)) == 12
     assert len(re.findall(r"<tr data-vm=", body)) == 12
@@ -530,7 +531,8 @@ def test_gpu_page_query_count_does_not_grow_with_vgpus(staff_client, django_asse
     small, big = crowded_gpu(2, "small"), crowded_gpu(12, "big")
 
     assert count_queries(staff_client, f"/gpus/{small.pk}/") == count_queries(staff_client, f"/gpus/{big.pk}/")
-    with django_assert_num_queries(9):  # session, user, GPU, its sample, vGPUs, vGPU samples, agents, history, badges
+    with django_assert_num_queries(12):  # session, user, GPU, its sample, vGPUs, vGPU samples, agents, history,
+        # badges, health state, XIDs, open alerts
         body = page(staff_client, f"/gpus/{big.pk}/")
     assert len(re.findall(r"<tr data-vgpu=", body)) == 12
 

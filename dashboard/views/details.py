@@ -21,6 +21,8 @@ from django.urls import reverse
 from django.utils import timezone
 from django.utils.formats import date_format
 
+from alerts.queries import open_alerts_of
+from alerts.xids import describe as describe_xid
 from config.roles import is_fleet_admin
 from dashboard.access import staff_required
 from dashboard.details import (
@@ -40,7 +42,7 @@ from fleet.models import AuditEvent, Vgpu, VirtualMachine
 from fleet.queries import gpus_for, hosts_for, visible_artists, visible_vms
 from hypervisors.queries import active_operation_of, host_hypervisor
 from telemetry.metrics import HOURLY, default_step
-from telemetry.models import AgentStatus
+from telemetry.models import AgentStatus, GpuHealthState, HostDriverState, XidError
 from telemetry.queries import latest_gpu_samples, latest_vgpu_samples
 from telemetry.ranges import PRESET_LABELS, PRESETS, TimeRange
 
@@ -306,6 +308,7 @@ def host_detail(request, pk):
                             labels=[row.gpu.pci_bus_id for row in gpus], ymax=100))
     context = {
         "host": host, "gpus": gpus, "vms": vms, "agents": agents, "charts": charts, "hint": hint,
+        "driver": HostDriverState.objects.filter(host=host).first(),
         "notices": agent_notices(agents, staff=True),
         "vcpus": Capacity(host.allocated_vcpus, host.cpu_threads, host.vcpu_overcommit),
         "ram": Capacity(host.allocated_ram_gib, host.ram_gib, host.ram_overcommit),
@@ -313,6 +316,13 @@ def host_detail(request, pk):
         "hypervisor": host_hypervisor(host),
     }
     return render_page(request, "fleet/host_detail.html", context, time_range, error)
+
+
+def gpu_health(gpu) -> dict:
+    """The GPU's health card: its stored state, its newest XIDs with what they mean, and its open alerts."""
+    state = GpuHealthState.objects.filter(gpu=gpu).first()
+    xids = [(xid, describe_xid(xid.code)) for xid in XidError.objects.filter(gpu=gpu).order_by("-at")[:5]]
+    return {"state": state, "xids": xids, "alerts": list(open_alerts_of(gpu=gpu)[:10])}
 
 
 @staff_required
@@ -346,6 +356,7 @@ def gpu_detail(request, pk):
     free_mib = max(0, fb_mib - sum(part["mib"] for part in split))
     context = {
         "gpu": gpu, "latest": latest, "vgpus": vgpus, "agents": agents, "charts": charts, "hint": hint,
+        "health": gpu_health(gpu),
         "notices": agent_notices(agents, staff=True),
         "fb_allocated_pct": min(100.0, percent(gpu.used_fb_mib, fb_mib) or 0.0),
         "fb_latest_pct": percent((latest or {}).get("fb_used_mib"), (latest or {}).get("fb_total_mib") or fb_mib),
