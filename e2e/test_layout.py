@@ -24,7 +24,7 @@ from e2e.conftest import request_on_its_host, sign_in
 pytestmark = pytest.mark.django_db(transaction=True, serialized_rollback=True)
 
 WIDTHS = {375: 812, 1280: 800, 1920: 1080}  # width: height (a phone, a laptop, a desk screen)
-NAMESPACES = ("fleet", "telemetry", "sizing", "hypervisors", "notify")
+NAMESPACES = ("fleet", "telemetry", "sizing", "hypervisors", "notify", "alerts")
 
 
 @dataclass(frozen=True)
@@ -245,13 +245,16 @@ def alert_ids(world, vm_id: int) -> dict[str, int]:
     vm = VirtualMachine.objects.get(pk=vm_id)
     vgpu = vm.vgpus.select_related("gpu").first()
     XidError.objects.create(gpu=vgpu.gpu, code=79, at=now - timedelta(minutes=2))
-    VgpuHealthState.objects.create(vm=vm, gpu=vgpu.gpu, vgpu=vgpu, type_name=vgpu.profile.name,
-                                   license_state="unlicensed", guest_driver_version="580.95.05", changed_at=now)
+    VgpuHealthState.objects.update_or_create(vm=vm, gpu=vgpu.gpu, defaults={
+        "vgpu": vgpu, "type_name": vgpu.profile.name, "license_state": "unlicensed",
+        "guest_driver_version": "580.95.05", "changed_at": now})
     for index, host in enumerate(Host.objects.order_by("name")):
         old = index == 1
-        HostDriverState.objects.create(host=host, driver_version="570.172.07" if old else "580.95.02",
-                                       vgpu_manager_version="18.4" if old else "19.2", changed_at=now)
-    LicencePool.objects.create(edition="vws", owned=24, note="Three-year term, renews 2027-06")
+        HostDriverState.objects.update_or_create(host=host, defaults={
+            "driver_version": "570.172.07" if old else "580.95.02", "vgpu_manager_version": "18.4" if old else "19.2",
+            "changed_at": now})
+    LicencePool.objects.update_or_create(edition="vws", defaults={"owned": 24,
+                                                                  "note": "Three-year term, renews 2027-06"})
     LicenceUsage.objects.bulk_create([
         LicenceUsage(ts=(now - timedelta(hours=h)).replace(second=0, microsecond=0), edition="vws",
                      in_use=14 + (h % 9), unlicensed=1 if h < 2 else 0) for h in range(1, 48)])

@@ -32,7 +32,7 @@ class NotificationChannelForm(forms.ModelForm):
     class Meta:
         model = NotificationChannel
         fields = ["name", "kind", "enabled", "target", "secret", "min_severity", "rules"]
-        widgets = {"target": forms.TextInput(attrs={"size": 60})}
+        widgets = {"target": forms.TextInput(attrs={"size": 60, "class": "wide"})}
 
     def clean(self):
         data = super().clean()

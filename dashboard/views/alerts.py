@@ -96,6 +96,8 @@ def _details(details: dict) -> list[tuple[str, str]]:
     """The alert's details as label/value rows (nested values flattened to text)."""
     rows = []
     for key, value in (details or {}).items():
+        if key in ("first_at", "last_at", "last_seen"):
+            continue  # the alert's own first and last seen say it, in the page's format
         if isinstance(value, dict):
             value = "; ".join(f"{k}: {v}" for k, v in value.items())
         elif isinstance(value, list):

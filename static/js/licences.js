@@ -23,7 +23,7 @@
     });
     box.textContent = "";
     Plotly.newPlot(box, traces, {
-      margin: { t: 10, r: 10, b: 40, l: 40 }, height: 320, yaxis: { rangemode: "tozero", title: "vGPUs" },
+      margin: { t: 10, r: 10, b: 70, l: 40 }, height: 340, yaxis: { rangemode: "tozero", title: "vGPUs" },
       legend: { orientation: "h" },
     }, { displaylogo: false, responsive: true });
     box.dataset.state = "ready";
