@@ -20,9 +20,9 @@ NOT_EXPORTED = {
     "scheduler_drift": "the desired scheduler policies are the dashboard's",
 }
 # Throttle bits (telemetry.payload.THROTTLE_FLAGS): heat (HW slowdown 0x8, SW/HW thermal 0x20,
-# 0x40) and power (SW power cap 0x4, HW power brake 0x80).
+# 0x40) and the power supply (HW power brake 0x80); the SW power cap (0x4) is normal at full load.
 THERMAL_BITS = (8, 32, 64)
-POWER_BITS = (4, 128)
+POWER_BITS = (128,)
 
 
 @dataclass(frozen=True)

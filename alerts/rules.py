@@ -59,7 +59,8 @@ RULES: dict[str, RuleKind] = {kind.slug: kind for kind in (
               Param("fallback_slowdown_c", 87, 40, 120, "°C",
                     "Slowdown temperature assumed for GPUs that do not report theirs"))),
     RuleKind("throttling", "Thermal or power throttling sustained", WARNING,
-             "Every reading of the window had the clocks held back by heat or by the power limit.",
+             "Every reading of the window had the clocks held back by heat (thermal slowdown) or by the power "
+             "supply (HW power brake). Running at the power cap under full load is normal and does not count.",
              (_MINUTES,)),
     RuleKind("vgpu_fb_full", "vGPU frame buffer nearly full", WARNING,
              "A VM's vGPU used more than this share of its profile's frame buffer for the whole window: "
@@ -329,10 +330,10 @@ def throttling(facts: Facts, p: dict) -> list[Finding]:
     for w in facts.gpu_windows.get(p["minutes"], []):
         if not sustained(w.first_ts, w.samples, facts.now, p["minutes"]):
             continue
-        causes = [name for name, count in (("heat", w.thermal_samples), ("power", w.power_samples))
+        causes = [name for name, count in (("heat", w.thermal_samples), ("the power brake", w.power_samples))
                   if count == w.samples]
         if not causes and w.thermal_samples + w.power_samples >= w.samples > 0:
-            causes = ["heat and power"]
+            causes = ["heat and the power brake"]
         if not causes:
             continue
         cause = " and ".join(causes)

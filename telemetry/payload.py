@@ -60,9 +60,11 @@ THROTTLE_FLAGS = {
     0x100: "display_clock_setting",
 }
 THROTTLE_NAMES = frozenset(THROTTLE_FLAGS.values())
-# The flags that mean the GPU is held back by heat or power, not by choice or idleness.
+# The flags that mean the GPU is held back by heat or by its power supply, not by choice,
+# idleness or its normal power limit: a GPU at full load running at its power cap (sw_power_cap)
+# is doing what it was set to do, and is not a fault.
 THERMAL_THROTTLES = frozenset({"sw_thermal_slowdown", "hw_thermal_slowdown", "hw_slowdown"})
-POWER_THROTTLES = frozenset({"sw_power_cap", "hw_power_brake_slowdown"})
+POWER_THROTTLES = frozenset({"hw_power_brake_slowdown"})
 
 LICENSE_STATES = ("licensed", "unlicensed")
 GUEST_INFO_STATES = ("initialized", "uninitialized")

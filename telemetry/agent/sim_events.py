@@ -17,7 +17,7 @@ about every n x 45 min. Before the start there are no events (back-filled histor
     ecc               1:10       20 min   uncorrectable ECC errors rising by one every 5 min
     remap             1:40       15 min   a row remap pending, then a remap failure (Turing
                                           boards, which retire pages instead: a pending DBE retirement)
-    thermal           2:10       5 min    temperature 2 °C over the slowdown threshold, SM clock at
+    thermal           2:10       8 min    temperature 2 °C over the slowdown threshold, SM clock at
                                           60 %, throttle flags hw_slowdown + hw_thermal_slowdown
     license_lapse     2:40       10 min   a vGPU unlicensed
     license_expiring  3:00       20 min   a vGPU whose licence expires in 3 days
@@ -44,7 +44,7 @@ SCHEDULE = {
     "xid": (40, 0),
     "ecc": (70, 20 * 60),
     "remap": (100, 15 * 60),
-    "thermal": (130, 5 * 60),
+    "thermal": (130, 8 * 60),
     "license_lapse": (160, 10 * 60),
     "license_expiring": (180, 20 * 60),
     "fb_full": (210, 6 * 60),
