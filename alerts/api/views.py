@@ -173,9 +173,19 @@ class AlertRuleViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.
         return AlertRule.objects.all()
 
 
+class RuleSlugField(serializers.SlugRelatedField):
+    """A rule by its slug (`xid`), checked against the catalogue before any query, so text no
+    rule could have (a NUL byte, a 10 kB string) is the field's error, not the database's."""
+
+    def to_internal_value(self, data):
+        if not isinstance(data, str) or data not in RULES:
+            self.fail("does_not_exist", slug_name=self.slug_field, value=str(data)[:80])
+        return super().to_internal_value(data)
+
+
 class SilenceSerializer(serializers.ModelSerializer):
-    rule = serializers.SlugRelatedField(slug_field="kind", queryset=AlertRule.objects.all(), required=False,
-                                        allow_null=True)
+    rule = RuleSlugField(slug_field="kind", queryset=AlertRule.objects.all(), required=False, allow_null=True,
+                         help_text="The rule's slug, e.g. xid")
     host = serializers.PrimaryKeyRelatedField(queryset=Host.objects.all(), required=False, allow_null=True)
     gpu = serializers.PrimaryKeyRelatedField(queryset=Gpu.objects.all(), required=False, allow_null=True)
     alert = serializers.PrimaryKeyRelatedField(queryset=Alert.objects.all(), required=False, allow_null=True)

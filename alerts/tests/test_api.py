@@ -133,3 +133,13 @@ def test_artists_see_no_alerts(fleet):
     client.force_authenticate(UserFactory(username="dee2"))
     assert client.get("/api/v1/alerts/").status_code == 403
     assert client.get("/api/v1/licences/").status_code == 403
+
+
+def test_a_silence_of_a_rule_that_does_not_exist_is_refused_naming_the_field(api, fleet):
+    for bad in ("no_such_rule", "\x00", 7):
+        answer = api.post("/api/v1/silences/", {"rule": bad, "reason": "x",
+                                                "ends_at": (timezone.now() + timedelta(hours=1)).isoformat()},
+                          format="json")
+        assert answer.status_code == 400
+        assert "rule" in answer.json()
+    assert Silence.objects.count() == 0
