@@ -251,3 +251,35 @@ def test_prune_keeps_open_alerts_and_recent_history(world, settings):
     assert [a.details["code"] for a in alerts_of("xid")] == [13]
     assert not LicenceUsage.objects.filter(ts=T0).exists()
     assert Evaluation.objects.filter(started_at__lt=T0 + timedelta(days=39)).count() == 0
+
+
+def _xid(world):
+    XidError.objects.create(gpu=world["gpu"], code=79, at=T0 - timedelta(minutes=1))
+
+
+def _agent_stops(world):
+    Agent.objects.filter(pk=world["agent"].pk).update(consecutive_failures=5, last_error="timed out")
+
+
+def _licence_lapses(world):
+    VgpuHealthState.objects.create(vm=world["vm"], gpu=world["gpu"], type_name="RTX6000-12Q",
+                                   license_state="unlicensed", changed_at=T0)
+
+
+def _frame_buffer_fills(world):
+    fb_samples(world, T0 - timedelta(minutes=6), 6, 12_100.0)
+
+
+@pytest.mark.parametrize(("rule", "condition"), [("xid", _xid), ("agent_unreachable", _agent_stops),
+                                                  ("vgpu_unlicensed", _licence_lapses),
+                                                  ("vgpu_fb_full", _frame_buffer_fills)])
+def test_each_kind_stays_quiet_while_its_host_is_silenced(world, admin_user, rule, condition):
+    services.create_silence(admin_user, reason="maintenance window", host=world["host"],
+                            starts_at=T0 - timedelta(hours=1), ends_at=T0 + timedelta(hours=1))
+    condition(world)
+    evaluate(T0)
+    (alert,) = alerts_of(rule)
+    assert alert.silenced is True
+    assert Delivery.objects.count() == 0
+    assert mails(world["smtp"]) == []
+    assert world["receiver"].posts == []
