@@ -57,7 +57,8 @@ def test_the_api_docs_render_the_operations(page, admin_user):
 def test_the_admin_periodic_task_form_says_the_chosen_crontab_in_words(page, admin_user):
     from django_celery_beat.models import CrontabSchedule
 
-    from telemetry.schedules import POLL_AGENTS, ensure_periodic_task
+    from fleet.beat import ensure_periodic_task
+    from telemetry.schedules import POLL_AGENTS
 
     task, _ = ensure_periodic_task(POLL_AGENTS, "telemetry.tasks.poll_agents", 10)
     nightly = CrontabSchedule.objects.create(minute="30", hour="2")

@@ -6,7 +6,7 @@ from __future__ import annotations
 from django.conf import settings
 from django.db import DEFAULT_DB_ALIAS
 
-from telemetry.schedules import beat_tables_ready, ensure_periodic_task
+from fleet.beat import beat_tables_ready, ensure_periodic_task
 
 SYNC_HYPERVISORS = "sync_hypervisors"
 RESUME_OPERATIONS = "resume_operations"

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from django.db import DEFAULT_DB_ALIAS, connections
 
-from telemetry.schedules import ensure_periodic_task
+from fleet.beat import ensure_periodic_task
 
 REFRESH_SUGGESTIONS = "refresh_suggestions"
 REFRESH_SUGGESTIONS_TASK = "sizing.tasks.refresh_suggestions"

@@ -13,7 +13,8 @@ from django.utils import timezone
 
 import config.urls
 from config.health import main, stale_beat_entries, web_problem
-from telemetry.schedules import POLL_AGENTS, ensure_periodic_task
+from fleet.beat import ensure_periodic_task
+from telemetry.schedules import POLL_AGENTS
 
 
 @pytest.fixture

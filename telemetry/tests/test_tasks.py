@@ -8,9 +8,10 @@ import pytest
 from django_celery_beat.models import IntervalSchedule, PeriodicTask
 
 from config.celery import app as celery_app
+from fleet.beat import ensure_periodic_task
 from telemetry import tasks
 from telemetry.models import Agent, AgentStatus, GpuSample, VgpuSample
-from telemetry.schedules import ensure_default_schedules, ensure_periodic_task
+from telemetry.schedules import ensure_default_schedules
 from telemetry.tests.loopback import FakeAgent, inventory_host, polled_agent, real_agent, sim_payload
 
 pytestmark = pytest.mark.django_db
