@@ -108,11 +108,7 @@ def active_silences(now: datetime) -> list[Silence]:
 
 
 def silenced(silences: list[Silence], rule_id: int, key: str, host_id: int | None, gpu_id: int | None) -> bool:
-    for s in silences:
-        if ((s.rule_id is None or s.rule_id == rule_id) and (s.host_id is None or s.host_id == host_id)
-                and (s.gpu_id is None or s.gpu_id == gpu_id) and (s.alert is None or s.alert.key == key)):
-            return True
-    return False
+    return any(s.matches(rule_id, key, host_id, gpu_id) for s in silences)
 
 
 def reconcile(findings: list[rulebook.Finding], rules: dict[str, AlertRule], now: datetime

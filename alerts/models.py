@@ -152,6 +152,11 @@ class Silence(models.Model):
         if not (self.reason or "").strip():
             raise ValidationError({"reason": "Say why: the next admin on call reads it."})
 
+    def matches(self, rule_id: int, key: str, host_id: int | None, gpu_id: int | None) -> bool:
+        """Whether this silence covers an alert (or a finding) of `rule_id` with `key` on that host and GPU."""
+        return ((self.rule_id is None or self.rule_id == rule_id) and (self.host_id is None or self.host_id == host_id)
+                and (self.gpu_id is None or self.gpu_id == gpu_id) and (self.alert is None or self.alert.key == key))
+
     def is_active(self, now=None) -> bool:
         now = now or timezone.now()
         return self.starts_at <= now < self.ends_at

@@ -21,7 +21,7 @@ from django.views.decorators.http import require_POST
 
 from alerts import drain, services, versions
 from alerts import licences as licence_queries
-from alerts.evaluate import ensure_rules
+from alerts.evaluate import active_silences, ensure_rules
 from alerts.filtersets import AlertFilterSet, SilenceFilterSet
 from alerts.models import Alert, AlertRule, Edition, LicencePool, Severity, Silence
 from alerts.rules import RULES
@@ -73,9 +73,8 @@ def alert_detail(request, pk: int):
     alert = get_object_or_404(Alert.objects.select_related("rule", "host", "gpu__host", "gpu__gpu_model",
                                                            "acknowledged_by"), pk=pk)
     vms = list(alert.vms.select_related("artist", "host").order_by("name"))
-    now = timezone.now()
-    silences = [s for s in Silence.objects.select_related("alert", "rule", "host", "gpu")
-                if s.is_active(now) and _matches(s, alert)]
+    silences = [s for s in active_silences(timezone.now())
+                if s.matches(alert.rule_id, alert.key, alert.host_id, alert.gpu_id)]
     context = {
         "alert": alert, "vms": vms, "silences": silences, "details": _details(alert.details),
         "ack_form": AcknowledgeForm(), "silence_form": SilenceForm(),
@@ -83,13 +82,6 @@ def alert_detail(request, pk: int):
         "history": Alert.objects.filter(key=alert.key).exclude(pk=alert.pk).order_by("-first_seen")[:10],
     }
     return render(request, "alerts/alert_detail.html", context)
-
-
-def _matches(silence: Silence, alert: Alert) -> bool:
-    return ((silence.rule_id is None or silence.rule_id == alert.rule_id)
-            and (silence.host_id is None or silence.host_id == alert.host_id)
-            and (silence.gpu_id is None or silence.gpu_id == alert.gpu_id)
-            and (silence.alert is None or silence.alert.key == alert.key))
 
 
 def _details(details: dict) -> list[tuple[str, str]]:
