@@ -15,17 +15,9 @@ from django.db import models
 from django.db.models import Q
 from django.utils import timezone
 
-from alerts.rules import RULES, SEVERITIES, ParamError, check_params
+from alerts.rules import RULES, ParamError, check_params
 from fleet.models import Gpu, Host, VirtualMachine
-
-
-class Severity(models.TextChoices):
-    CRITICAL = "critical", "Critical"
-    WARNING = "warning", "Warning"
-    INFO = "info", "Info"
-
-
-assert tuple(Severity.values) == SEVERITIES
+from notify.choices import Severity  # one vocabulary for alerts and the channels that carry them
 
 
 class AlertState(models.TextChoices):

@@ -19,8 +19,6 @@ from datetime import datetime, timedelta
 from alerts.xids import describe
 
 CRITICAL, WARNING, INFO = "critical", "warning", "info"
-SEVERITIES = (CRITICAL, WARNING, INFO)
-SEVERITY_RANK = {INFO: 0, WARNING: 1, CRITICAL: 2}
 
 
 @dataclass(frozen=True, slots=True)

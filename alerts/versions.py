@@ -61,7 +61,7 @@ class Report:
 
 
 def report() -> Report:
-    states = {row.host_id: row for row in HostDriverState.objects.all()}
+    states = {row.host_id: row for row in HostDriverState.objects.select_related("host")}
     models: dict[int, set[str]] = defaultdict(set)
     names: dict[int, str] = {}
     for host_id, host_name, model in Gpu.objects.values_list("host_id", "host__name", "gpu_model__name"):

@@ -17,6 +17,7 @@ from rest_framework.views import APIView
 
 from alerts import drain as gpu_drain
 from alerts import licences, services
+from alerts.evaluate import ensure_rules
 from alerts.filtersets import AlertFilterSet
 from alerts.models import Alert, AlertRule, LicencePool, Silence
 from alerts.rules import RULES
@@ -162,14 +163,11 @@ class AlertRuleViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.
                        viewsets.GenericViewSet):
     serializer_class = AlertRuleSerializer
     permission_classes = [IsAlertAdmin]
-    queryset = AlertRule.objects.all()
     ordering = ["kind"]
     ordering_fields = ["kind"]
 
     def get_queryset(self):
-        from alerts.evaluate import ensure_rules
-
-        ensure_rules()
+        ensure_rules()  # every rule of the catalogue has its row, with its defaults, before it is listed
         return AlertRule.objects.all()
 
 

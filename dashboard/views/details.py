@@ -322,7 +322,7 @@ def gpu_health(gpu) -> dict:
     """The GPU's health card: its stored state, its newest XIDs with what they mean, and its open alerts."""
     state = GpuHealthState.objects.filter(gpu=gpu).first()
     xids = [(xid, describe_xid(xid.code)) for xid in XidError.objects.filter(gpu=gpu).order_by("-at")[:5]]
-    return {"state": state, "xids": xids, "alerts": list(open_alerts_of(gpu=gpu)[:10])}
+    return {"state": state, "xids": xids, "alerts": list(open_alerts_of(gpu)[:10])}
 
 
 @staff_required
