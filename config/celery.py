@@ -31,18 +31,6 @@ def _on_configured(sender, **kwargs):
     ensure_broker_folders()
 
 
-@app.on_after_finalize.connect
-def _import_task_modules(sender, **kwargs):
-    """Register every app's tasks in every process, not only in workers.
-
-    `autodiscover_tasks` imports the apps' tasks modules when a worker starts; a web process, a
-    management command or beat never does. Tasks are sent by name (`app.tasks[NAME]`, so that a
-    module need not import the tasks module that imports it back), and the first such lookup
-    finalizes the app: importing the modules then makes every name known wherever it is asked.
-    """
-    sender.loader.import_default_modules()
-
-
 def ensure_broker_folders() -> None:
     """Create the embedded (filesystem://) broker's folders: kombu expects them to exist, and
     on a fresh checkout the first process to publish or consume a task would fail otherwise."""

@@ -12,6 +12,10 @@ class NotifyConfig(AppConfig):
     verbose_name = "Notifications"
 
     def ready(self):
+        # Registers the delivery task in every process: `dispatch` hands deliveries over by the
+        # task's name, and a web process (or an evaluation outside a worker) never runs Celery's
+        # autodiscovery, which only a worker's start triggers.
+        from notify import tasks  # noqa: F401
         from notify.schedules import ensure_default_schedules
 
         post_migrate.connect(ensure_default_schedules, sender=self, dispatch_uid="notify_default_schedules")
