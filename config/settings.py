@@ -93,6 +93,7 @@ INSTALLED_APPS = [
     "django_htmx",
     "csp",
     "fleet",
+    "identity",  # sign-in through the studio's directory, roles from its groups, sessions
     "notify",  # notification channels and deliveries (above fleet, below telemetry)
     "telemetry",
     "hypervisors",  # acts on each host's hypervisor (above telemetry, whose agents it asks)

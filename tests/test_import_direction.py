@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("config", "fleet", "notify", "telemetry", "hypervisors", "sizing", "alerts", "dashboard")
+PACKAGES = ("config", "fleet", "identity", "notify", "telemetry", "hypervisors", "sizing", "alerts", "dashboard")
 LINT_IMPORTS = Path(sys.executable).with_name("lint-imports")
 
 
