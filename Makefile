@@ -11,7 +11,7 @@ PORT ?= 8000
 # The demo's simulated agents listen on consecutive ports from this one, one per demo host.
 AGENT_PORT ?= 9411
 
-.PHONY: run test test-fast test-slow lint check install install-libvirt serve clean audit screenshots
+.PHONY: run test test-fast test-slow lint check install install-libvirt install-ldap serve clean audit screenshots
 
 # The virtualenv is rebuilt whenever a requirements file changes.
 $(VENV)/.installed: requirements.txt requirements-dev.txt
@@ -30,6 +30,16 @@ install-libvirt: $(VENV)/.installed-libvirt
 
 $(VENV)/.installed-libvirt: requirements-libvirt.txt | $(VENV)/.installed
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check -r requirements-libvirt.txt
+	touch $@
+
+# Optional: signing in with the studio's LDAP / Active Directory (identity/ldap_backend.py).
+# python-ldap is built from source against OpenLDAP: it needs libldap2-dev, libsasl2-dev and a C
+# compiler. Without it the product signs people in with local accounts (and OpenID Connect), and
+# setting AUTH_LDAP_SERVER_URI stops start-up with a message saying to run this.
+install-ldap: $(VENV)/.installed-ldap
+
+$(VENV)/.installed-ldap: requirements-ldap.txt | $(VENV)/.installed
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -r requirements-ldap.txt
 	touch $@
 
 # The demo logins are generated once and kept in var/ (ignored by git), so every `make run`

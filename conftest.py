@@ -29,7 +29,7 @@ from fleet.tests.factories import (
 
 #: Fixture modules of one app that tests of other apps use too.
 pytest_plugins = ["fleet.tests.request_world", "hypervisors.tests.fixtures", "hypervisors.tests.worlds",
-                  "notify.tests.receivers"]
+                  "notify.tests.receivers", "identity.tests.slapd"]
 
 #: Test files (or folders, ending in /) of the slow tier, relative to the repository root.
 SLOW_PATHS = (

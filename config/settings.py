@@ -18,6 +18,7 @@ import dj_database_url
 from csp.constants import NONCE, NONE, SELF, UNSAFE_INLINE
 from django.core.exceptions import ImproperlyConfigured
 
+from config.directory import LDAP_BACKEND, ldap_settings
 from config.secrets import env_secret
 
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -511,6 +512,14 @@ AUTHENTICATION_BACKENDS = [
     "config.lockout.SignInThrottleBackend",  # an AxesStandaloneBackend; must come first
     "django.contrib.auth.backends.ModelBackend",
 ]
+# Directory sign-in (config/directory.py; docs/operations.md): on when AUTH_LDAP_SERVER_URI is set.
+# Its backend comes after the throttle, so a wrong directory password counts like a local one, and
+# before the model backend, whose local accounts (the break-glass admin) keep working.
+_ldap = ldap_settings()
+globals().update(_ldap)
+AUTH_LDAP_ENABLED = bool(_ldap)
+if AUTH_LDAP_ENABLED:
+    AUTHENTICATION_BACKENDS.insert(1, LDAP_BACKEND)
 AXES_FAILURE_LIMIT = env_int("AXES_FAILURE_LIMIT", 5, minimum=1)
 AXES_ADDRESS_FAILURE_LIMIT = env_int("AXES_ADDRESS_FAILURE_LIMIT", 30)  # ours (config/lockout.py), not axes'
 AXES_HANDLER = "config.lockout.SignInThrottleHandler"

@@ -15,6 +15,7 @@ from alerts.api import urls as alerts_api
 from config.api.root import root_view
 from fleet.api import urls as fleet_api
 from hypervisors.api import urls as hypervisors_api
+from identity.views import SignInView
 from notify.api import urls as notify_api
 from sizing.api import urls as sizing_api
 from telemetry.api import urls as telemetry_api
@@ -42,7 +43,7 @@ def healthz(request):
 
 urlpatterns = [
     path("", include("dashboard.urls")),
-    path("login/", auth_views.LoginView.as_view(redirect_authenticated_user=True), name="login"),
+    path("login/", SignInView.as_view(), name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("admin/", admin.site.urls),
     path("api/v1/", root_view(

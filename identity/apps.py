@@ -1,4 +1,5 @@
 from django.apps import AppConfig
+from django.db.models.signals import post_migrate
 
 
 class IdentityConfig(AppConfig):
@@ -8,3 +9,8 @@ class IdentityConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
     name = "identity"
     verbose_name = "Identity"
+
+    def ready(self):
+        from identity.schedules import ensure_default_schedules
+
+        post_migrate.connect(ensure_default_schedules, sender=self, dispatch_uid="identity_default_schedules")
