@@ -17,6 +17,7 @@ from django.contrib.auth import get_user_model
 from django.db import transaction
 from django.utils import timezone
 
+from fleet import audit
 from fleet.models import Artist
 from identity.models import DirectoryAccount
 from identity.roles import Role
@@ -72,6 +73,7 @@ def apply_identity(user, identity: Identity, *, signed_in: bool = False, reason:
         if identity.role is not None:
             _keep_artist(user)
         now = timezone.now()
+        before = DirectoryAccount.objects.filter(user=user).values("role", "groups").first()
         account, _ = DirectoryAccount.objects.update_or_create(user=user, defaults={
             "source": identity.source, "subject": identity.subject[:500], "groups": list(identity.groups),
             "role": identity.role or "", "last_synced_at": now,
@@ -79,9 +81,25 @@ def apply_identity(user, identity: Identity, *, signed_in: bool = False, reason:
         })
         if signed_in:
             DirectoryAccount.objects.filter(pk=account.pk).update(last_sign_in_at=now)
+        _record_access(user, account, before, reason)
     if identity.role is None and "is_active" in changed:
         logger.warning("%s lost access to the dashboard: %s", user.get_username(), reason or "no role in the directory")
     return account
+
+
+def _record_access(user, account: DirectoryAccount, before: dict | None, reason: str) -> None:
+    """An audit event when the directory grants, changes or ends someone's access (not for a
+    sign-in that changes nothing): "directory_account.grant", ".role" or ".refuse"."""
+    after = {"role": account.role, "groups": account.groups}
+    if before is not None and before["role"] == after["role"]:
+        return
+    if not account.role:
+        action = "directory_account.refuse"
+    else:
+        action = "directory_account.grant" if before is None or not before["role"] else "directory_account.role"
+    audit.record(action, account, before=before, after=after, object_type="directory_account",
+                 object_repr=user.get_username(),
+                 comment=reason or f"{account.get_source_display()}: {account.role or 'no role'}")
 
 
 def _keep_artist(user) -> Artist:

@@ -264,3 +264,40 @@ def test_the_sync_task_does_nothing_without_a_directory(settings):
 
     settings.AUTH_LDAP_ENABLED = False
     assert sync_directory() is None
+
+
+def test_the_audit_log_says_when_the_directory_grants_changes_and_ends_access(directory):
+    from fleet.models import AuditEvent
+
+    client, _ = sign_in("alice")
+    sign_in("alice")  # a sign-in that changes nothing leaves no event
+    directory.remove_member(ADMINS, "alice")
+    directory.add_member(LIGHTING, "alice")
+    client.get("/me/")
+    directory.remove_member(LIGHTING, "alice")
+    client.get("/me/")
+    events = list(AuditEvent.objects.filter(object_type="directory_account").order_by("pk")
+                  .values_list("action", "object_repr", "after__role"))
+    assert events == [("directory_account.grant", "alice", "admin"), ("directory_account.role", "alice", "artist"),
+                      ("directory_account.refuse", "alice", "")]
+    assert NO_ROLE in AuditEvent.objects.filter(action="directory_account.refuse").get().comment
+
+
+def test_directory_check_shows_what_the_directory_says(directory):
+    out = StringIO()
+    call_command("directory_check", "alice", "dave", stdout=out)
+    text = out.getvalue()
+    assert f"Connected to {directory.uri}" in text
+    assert f"alice: {person_dn('alice')}" in text
+    assert f"group: {ADMINS}" in text
+    assert "role: admin" in text
+    assert "role: none: Your Studio directory account is not in a group" in text
+    with pytest.raises(CommandError, match="Not found in the directory .*: nobody"):
+        call_command("directory_check", "nobody", stdout=StringIO())
+    assert not get_user_model().objects.exists()  # a check changes nothing
+
+
+def test_directory_check_names_a_wrong_bind_password(directory, settings):
+    settings.AUTH_LDAP_BIND_PASSWORD = "wrong"
+    with pytest.raises(CommandError, match="Invalid credentials"):
+        call_command("directory_check", stdout=StringIO())
