@@ -114,6 +114,10 @@ MIDDLEWARE = [
     "django_htmx.middleware.HtmxMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    # Signs out sessions idle or old past SESSION_IDLE_TIMEOUT_MINUTES / SESSION_MAX_AGE_HOURS; after
+    # the session, the user and the messages (the sign-in page then says why), and inside the
+    # middleware that add headers, so that its redirects carry them too.
+    "identity.middleware.SessionTimeoutMiddleware",
 ]
 
 # Database outages: a view that cannot reach the database answers 503 with a retry hint
@@ -212,6 +216,17 @@ STORAGES = {
 LOGIN_URL = "login"
 LOGIN_REDIRECT_URL = "fleet:overview"
 LOGOUT_REDIRECT_URL = "login"
+# Sessions (identity/sessions.py): one ends after SESSION_IDLE_TIMEOUT_MINUTES without a request of
+# the user's own (a page refreshing itself does not count, so an overview left open on a screen
+# still times out) and SESSION_MAX_AGE_HOURS after sign-in however active; the sign-in page says
+# which. The cookie lasts the lifetime from the session's last save.
+SESSION_IDLE_TIMEOUT_MINUTES = env_int("SESSION_IDLE_TIMEOUT_MINUTES", 480, minimum=1)
+SESSION_MAX_AGE_HOURS = env_int("SESSION_MAX_AGE_HOURS", 168, minimum=1)
+if SESSION_IDLE_TIMEOUT_MINUTES > SESSION_MAX_AGE_HOURS * 60:
+    raise ImproperlyConfigured(f"SESSION_IDLE_TIMEOUT_MINUTES={SESSION_IDLE_TIMEOUT_MINUTES} is longer than a "
+                               f"session may last (SESSION_MAX_AGE_HOURS={SESSION_MAX_AGE_HOURS}, "
+                               f"{SESSION_MAX_AGE_HOURS * 60} minutes): lower it or raise SESSION_MAX_AGE_HOURS")
+SESSION_COOKIE_AGE = SESSION_MAX_AGE_HOURS * 3600
 # How often the overview and the agent list refresh themselves in the browser.
 DASHBOARD_REFRESH_S = int(env_float("DASHBOARD_REFRESH_S", 15))
 

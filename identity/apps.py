@@ -10,7 +10,15 @@ class IdentityConfig(AppConfig):
     name = "identity"
     verbose_name = "Identity"
 
-    def ready(self):
+    def ready(self) -> None:
+        from django.contrib.auth.signals import user_logged_in, user_logged_out
+        from django.core import checks
+
+        from identity import sessions
         from identity.schedules import ensure_default_schedules
 
+        # Every signed-in session gets its row, and loses it on sign-out (identity/sessions.py).
+        user_logged_in.connect(sessions.on_sign_in, dispatch_uid="identity.sessions.on_sign_in")
+        user_logged_out.connect(sessions.on_sign_out, dispatch_uid="identity.sessions.on_sign_out")
+        checks.register(sessions.check_session_engine, "sessions")
         post_migrate.connect(ensure_default_schedules, sender=self, dispatch_uid="identity_default_schedules")

@@ -158,6 +158,46 @@ def test_debug_true_serves_the_demo_on_plain_http_without_a_secret_key(tmp_path)
     assert "script-src 'self'" in http["csp"]
 
 
+# --- session limits -------------------------------------------------------------------------------
+
+# Imports the settings and prints the session limits as JSON, or the error that stopped the import.
+SHOW_SESSIONS = """
+import json
+from django.core.exceptions import ImproperlyConfigured
+try:
+    from config import settings
+    seen = [settings.SESSION_IDLE_TIMEOUT_MINUTES, settings.SESSION_MAX_AGE_HOURS, settings.SESSION_COOKIE_AGE]
+except ImproperlyConfigured as exc:
+    seen = str(exc)
+print(json.dumps(seen))
+"""
+
+
+@pytest.mark.parametrize(("idle", "lifetime", "seen"), [
+    (None, None, [480, 168, 7 * 24 * 3600]),  # a working day's pause, a week
+    ("30", "12", [30, 12, 12 * 3600]),
+    ("720", "12", [720, 12, 12 * 3600]),  # idle as long as the lifetime: only the lifetime ends it
+    ("0", None, "SESSION_IDLE_TIMEOUT_MINUTES=0 must be 1 or more"),
+    (None, "-3", "SESSION_MAX_AGE_HOURS=-3 must be 1 or more"),
+    ("8h", None, "SESSION_IDLE_TIMEOUT_MINUTES='8h' is not a whole number"),
+    ("721", "12", "SESSION_IDLE_TIMEOUT_MINUTES=721 is longer than a session may last (SESSION_MAX_AGE_HOURS=12, "
+                  "720 minutes): lower it or raise SESSION_MAX_AGE_HOURS"),
+    (None, "4", "SESSION_IDLE_TIMEOUT_MINUTES=480 is longer than a session may last (SESSION_MAX_AGE_HOURS=4, "
+                "240 minutes): lower it or raise SESSION_MAX_AGE_HOURS"),
+])
+def test_session_limits_are_read_checked_and_set_the_cookies_age(tmp_path, idle, lifetime, seen):
+    env = production_env(tmp_path, SESSION_IDLE_TIMEOUT_MINUTES=idle, SESSION_MAX_AGE_HOURS=lifetime)
+    result = run([sys.executable, "-c", SHOW_SESSIONS], env)
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout.strip().splitlines()[-1]) == seen
+
+
+def test_a_bad_session_limit_stops_start_up_with_its_message(tmp_path):
+    result = manage(production_env(tmp_path, SESSION_MAX_AGE_HOURS="0"), "check")
+    assert result.returncode != 0
+    assert "SESSION_MAX_AGE_HOURS=0 must be 1 or more" in result.stderr
+
+
 # --- .env.example and docker-compose.yml ----------------------------------------------------------
 
 # Development-only variables (SQLite, the embedded broker), and those docker-compose.yml sets

@@ -586,6 +586,8 @@ def admin_urls(w: W) -> list[tuple[str, str, int]]:
         ("password_change_done", "/admin/password_change/done/", 200),
         ("autocomplete", "/admin/autocomplete/", 403),
         ("user_password", f"/admin/auth/user/{w.ana.user.pk}/password/", 200),
+        # "Sign out everywhere" on a user's page (identity/admin.py) takes a POST only
+        ("user_sign_out_everywhere", f"/admin/auth/user/{w.ana.user.pk}/sign-out-everywhere/", 405),
         ("view_on_site", f"/admin/r/{vm_type.pk}/{w.vm_a.pk}/", 404),
         ("catch_all", "/admin/no-such-page/", 404),
         *[("app_list", f"/admin/{label}/", 200) for label in sorted(seen)],
@@ -609,6 +611,8 @@ def admin_route_kind(template: str) -> str:
         return "app_list"
     if re.fullmatch(r"admin/auth/user/\{id\}/password/", template):
         return "user_password"
+    if re.fullmatch(r"admin/auth/user/\{object_id\}/sign-out-everywhere/", template):
+        return "user_sign_out_everywhere"
     match = re.fullmatch(r"admin/\w+/\w+/(?:(add)/|\{object_id\}/(?:(change|delete|history)/)?)?", template)
     if match:
         return match.group(1) or match.group(2) or ("object" if "{object_id}" in template else "changelist")
