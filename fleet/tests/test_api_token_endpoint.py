@@ -8,11 +8,11 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
-from rest_framework.test import APIClient
 
 from fleet.api_tokens import issue_token, key_digest, revoke_token
 from fleet.models import ApiToken, AuditEvent
 from fleet.tests.factories import UserFactory
+from fleet.tests.test_api_tokens import api_with, results
 
 pytestmark = pytest.mark.django_db
 
@@ -26,15 +26,9 @@ def now(time_machine):
     return time_machine
 
 
-def api_with(key: str) -> APIClient:
-    client = APIClient()
-    client.credentials(HTTP_AUTHORIZATION=f"Token {key}")
-    return client
-
-
 def names(response) -> list[str]:
-    assert response.status_code == 200, response.content
-    return [token["name"] for token in response.json()["results"]]
+    """The names of the tokens a list answered, in its order."""
+    return [token["name"] for token in results(response)]
 
 
 def test_the_api_root_lists_the_resource(admin_api):
