@@ -290,6 +290,8 @@ SPECTACULAR_SETTINGS = {
         "AlertRuleKindEnum": "alerts.models.RULE_CHOICES",
         "AlertStateEnum": "alerts.models.AlertState",
         "LicenceEditionEnum": "alerts.models.Edition",
+        "ApiTokenScopeEnum": "fleet.choices.TokenScope",
+        "ApiTokenStateEnum": "fleet.choices.TokenState",
     },
 }
 

@@ -13,10 +13,11 @@ from __future__ import annotations
 
 from axes import admin as _axes_admin  # noqa: F401 - registers axes' admins first
 from axes.models import AccessAttempt, AccessFailureLog, AccessLog
-from django.contrib import admin
+from django.contrib import admin, messages
 from django.db import transaction
 from django.db.models import Count, IntegerField, OuterRef, Prefetch, Subquery, Sum
 from django.db.models.functions import Coalesce
+from django.template.defaultfilters import pluralize
 from django.template.response import TemplateResponse
 from django.urls import reverse
 from django.utils.cache import add_never_cache_headers
@@ -25,7 +26,9 @@ from django.utils.html import format_html
 from config.admin_input import SafeInputAdminMixin, guard_registered
 from fleet import api_tokens, placement, services
 from fleet.admin_audit import AuditedAdmin
+from fleet.choices import TokenState
 from fleet.forms import (
+    ApiTokenForm,
     GpuForm,
     GpuModelForm,
     HostForm,
@@ -369,22 +372,45 @@ class VgpuAdmin(RuleGovernedAdmin):
         return obj.profile.fb_mib
 
 
+class TokenStateFilter(admin.SimpleListFilter):
+    """Active, expired or revoked, as `ApiToken.state` tells it (`fleet.api_tokens.in_state`)."""
+
+    title = "state"
+    parameter_name = "state"
+
+    def lookups(self, request, model_admin):
+        return TokenState.choices
+
+    def queryset(self, request, queryset):
+        return api_tokens.in_state(queryset, self.value()) if self.value() in TokenState.values else queryset
+
+
 @admin.register(ApiToken)
-class ApiTokenAdmin(admin.ModelAdmin):
-    """Scripts' API tokens, listed by prefix, user, name and last use; the digest is never shown.
+class ApiTokenAdmin(SafeInputAdminMixin, admin.ModelAdmin):
+    """Scripts' API tokens, listed with scope, expiry, last use and state; the digest is never shown.
 
     Adding one issues a key through `fleet.api_tokens` and shows it on the page that follows,
-    once: not cached, and never in a flash message, which would travel in a cookie. Deleting
-    one revokes it. Tokens are not edited: another purpose gets another token.
+    once: not cached, and never in a flash message, which would travel in a cookie. The action
+    "Revoke selected tokens" revokes and keeps them, so their keys are answered with when they
+    were revoked; deleting forgets a token (its key is then "Invalid token." like any unknown
+    one). Tokens are not edited: another purpose gets another token.
     """
 
-    list_display = ["prefix", "user", "name", "created_at", "last_used_at"]
+    form = ApiTokenForm
+    list_display = ["prefix", "user", "name", "scope", "created_at", "expires_at", "last_used_at", "state"]
+    list_filter = ["scope", TokenStateFilter]
     list_select_related = ["user"]
     search_fields = ["prefix", "name", "user__username"]
-    view_fields = ["prefix", "user", "name", "created_at", "last_used_at"]
+    view_fields = ["prefix", "user", "name", "scope", "created_at", "expires_at", "last_used_at", "state",
+                   "revoked_at", "revoked_reason", "revoked_by"]
+    actions = ["revoke_selected"]
+
+    @admin.display(description="state")
+    def state(self, obj: ApiToken) -> str:
+        return TokenState(obj.state()).label
 
     def get_fields(self, request, obj=None):
-        return ["user", "name"] if obj is None else self.view_fields
+        return ["user", "name", "scope", "expires_on"] if obj is None else self.view_fields
 
     def get_readonly_fields(self, request, obj=None):
         return [] if obj is None else self.view_fields
@@ -406,13 +432,25 @@ class ApiTokenAdmin(admin.ModelAdmin):
         add_never_cache_headers(response)
         return response
 
+    def has_revoke_permission(self, request) -> bool:
+        """Whoever may delete tokens may revoke them (revoking keeps the row, so it is the lesser)."""
+        return self.has_delete_permission(request)
+
+    @admin.action(description="Revoke selected tokens", permissions=["revoke"])
+    def revoke_selected(self, request, queryset):
+        revoked, skipped = api_tokens.revoke_tokens(queryset.select_related("user").order_by("pk"), by=request.user)
+        message = f"Revoked {revoked} API token{pluralize(revoked)}."
+        if skipped:
+            message += f" {skipped} {'was' if skipped == 1 else 'were'} already revoked."
+        self.message_user(request, message, messages.SUCCESS if revoked else messages.WARNING)
+
     def delete_model(self, request, obj):
-        api_tokens.revoke_token(obj)
+        api_tokens.delete_token(obj)
 
     def delete_queryset(self, request, queryset):
         with transaction.atomic():
             for token in queryset.select_related("user").order_by("pk"):
-                api_tokens.revoke_token(token)
+                api_tokens.delete_token(token)
 
 
 # django-axes' records of sign-ins (config/lockout.py), registered by axes itself (importing its

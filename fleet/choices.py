@@ -96,3 +96,21 @@ class AuditSource(TextChoices):
     ADMIN = "admin", "Admin site"
     SYSTEM = "system", "System (worker, command)"
     AGENT = "agent", "Agent"
+
+
+class TokenScope(TextChoices):
+    """What an API token may do (`fleet.token_rules`): read, read and write, or push samples only.
+
+    Tokens issued before scopes existed are `write`: they kept what they could do."""
+
+    READ = "read", "Read only"
+    WRITE = "write", "Read and write"
+    INGEST = "ingest", "Ingest (push samples only)"
+
+
+class TokenState(TextChoices):
+    """Whether an API token signs in now; a revoked or expired one is refused with the reason."""
+
+    ACTIVE = "active", "Active"
+    EXPIRED = "expired", "Expired"
+    REVOKED = "revoked", "Revoked"

@@ -19,9 +19,9 @@ from django.db.models import Q, QuerySet
 from django.utils import timezone
 
 from config import parsing
-from fleet import queries
-from fleet.choices import AuditSource, GpuMode, Hypervisor, Series, SizeMode, UserType, Workflow
-from fleet.models import Artist, AuditEvent, Gpu, GpuModel, Host, Vgpu, VgpuProfile, VirtualMachine
+from fleet import api_tokens, queries
+from fleet.choices import AuditSource, GpuMode, Hypervisor, Series, SizeMode, TokenScope, TokenState, UserType, Workflow
+from fleet.models import ApiToken, Artist, AuditEvent, Gpu, GpuModel, Host, Vgpu, VgpuProfile, VirtualMachine
 from fleet.pci import InvalidPciBusId, normalize_pci_bus_id
 
 
@@ -256,3 +256,21 @@ class AuditEventFilter(django_filters.FilterSet):
 
     def filter_q(self, qs, name, value):
         return qs.filter(Q(object_repr__icontains=value) | Q(comment__icontains=value))
+
+
+# -- API tokens (the API's api-tokens list) ----------------------------------------------------
+
+
+class ApiTokenFilterSet(django_filters.FilterSet):
+    user = _choice_of(queries.visible_users, name_fields=("username",),
+                      help_text="Whose tokens: a user id or user name (admins; others see only their own)")
+    scope = django_filters.ChoiceFilter(choices=TokenScope.choices)
+    state = django_filters.ChoiceFilter(choices=TokenState.choices, method="filter_state",
+                                        help_text="active, expired or revoked, now")
+
+    class Meta:
+        model = ApiToken
+        fields = ["user", "scope", "state"]
+
+    def filter_state(self, queryset, name, value):
+        return api_tokens.in_state(queryset, value)

@@ -9,12 +9,16 @@ changed in between (someone took the last slot) the refusal becomes a form error
 
 from __future__ import annotations
 
+from datetime import datetime, time
+
 from django import forms
 from django.db.models import Exists, OuterRef
+from django.utils import timezone
 
+from config.parsing import TIME_MAX
 from fleet import placement, services
 from fleet.choices import GpuMode
-from fleet.models import Gpu, GpuModel, Host, Vgpu, VgpuProfile, VirtualMachine
+from fleet.models import ApiToken, Gpu, GpuModel, Host, Vgpu, VgpuProfile, VirtualMachine
 from fleet.placement import PlacementError, Violation
 
 
@@ -243,3 +247,37 @@ class VgpuProfileForm(forms.ModelForm):
                 f"exists ({in_use} do); they were placed by these figures"
             ))
         return cleaned
+
+
+class ApiTokenForm(forms.ModelForm):
+    """Issue an API token (the admin's "Add API token"): whose, what for, its scope, and the day
+    it stops working. A day, not a time: it expires at that day's 00:00 in the server's time zone
+    (TIME_ZONE), as `manage.py api_token create --expires 2026-06-30` does."""
+
+    expires_on = forms.DateField(
+        required=False, widget=forms.DateInput(attrs={"type": "date"}),
+        help_text="The token stops working at 00:00 of this day (server time zone). Empty: it never expires.",
+    )
+
+    class Meta:
+        model = ApiToken
+        fields = ["user", "name", "scope"]
+
+    def clean_user(self):
+        user = self.cleaned_data["user"]
+        if not user.is_active:
+            raise forms.ValidationError(f"{user.get_username()} is inactive: a token of theirs would be refused.")
+        return user
+
+    def clean_expires_on(self):
+        day = self.cleaned_data["expires_on"]
+        if day is None:
+            self.instance.expires_at = None
+            return day
+        if day.year >= TIME_MAX.year:  # far enough from datetime's end for any time zone's shift
+            raise forms.ValidationError(f"Choose a day before the year {TIME_MAX.year}.")
+        expires_at = timezone.make_aware(datetime.combine(day, time.min))
+        if expires_at <= timezone.now():
+            raise forms.ValidationError(f"{day.isoformat()} (00:00) is in the past: a token must expire in the future.")
+        self.instance.expires_at = expires_at
+        return day

@@ -14,7 +14,7 @@ from django.db import models
 from django.db.models import Q
 from django.utils import timezone
 
-from fleet import hypervisor_link, placement
+from fleet import hypervisor_link, placement, token_rules
 from fleet.choices import (
     AuditSource,
     GpuMode,
@@ -25,6 +25,8 @@ from fleet.choices import (
     SchedulerScope,
     Series,
     SizeMode,
+    TokenScope,
+    TokenState,
     UserType,
     Workflow,
 )
@@ -413,24 +415,57 @@ class ApiToken(models.Model):
     192 random bits, so an unsalted digest cannot be reversed by guessing, and its unique
     index finds the token in one lookup. `prefix` (the key's first characters) lets people
     tell their tokens apart in lists and name one to revoke.
+
+    `scope` bounds what the key may do below what its user may (`fleet.token_rules`). A revoked
+    token keeps its row, with when, why and by whom, so a script presenting its key is told
+    why it no longer works (`refusal`), as is one whose `expires_at` has passed.
     """
 
     user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="api_tokens")
     name = models.CharField(max_length=100, blank=True, help_text="What the token is for, e.g. 'render farm sync'")
     prefix = models.CharField(max_length=8, editable=False, help_text="The key's first characters")
     token_sha256 = models.CharField(max_length=64, editable=False)
+    scope = models.CharField(max_length=10, choices=TokenScope.choices, default=TokenScope.WRITE,
+                             help_text="read: reads only; write: reads and writes; ingest: pushing samples only")
     created_at = models.DateTimeField(default=timezone.now, editable=False)
+    expires_at = models.DateTimeField(null=True, blank=True, help_text="Refused from this moment on; empty: never")
     last_used_at = models.DateTimeField(null=True, blank=True, editable=False,
                                         help_text="Written at most once a minute")
+    revoked_at = models.DateTimeField(null=True, blank=True, editable=False)
+    revoked_reason = models.CharField(max_length=200, blank=True, editable=False)
+    revoked_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,
+                                   related_name="+", editable=False)
 
     class Meta:
         ordering = ["-created_at", "-id"]
         verbose_name = "API token"
-        constraints = [models.UniqueConstraint(fields=["token_sha256"], name="apitoken_token_sha256_unique")]
+        constraints = [
+            models.UniqueConstraint(fields=["token_sha256"], name="apitoken_token_sha256_unique"),
+            models.CheckConstraint(condition=Q(scope__in=TokenScope.values), name="apitoken_scope_valid"),
+        ]
         indexes = [models.Index(fields=["prefix"], name="apitoken_prefix_idx")]
 
     def __str__(self):
         return f"{self.prefix}… ({self.name})" if self.name else f"{self.prefix}…"
+
+    def state(self, now=None) -> str:
+        """Revoked, expired or active (`TokenState`), at `now` (default: this moment)."""
+        if self.revoked_at is not None:
+            return TokenState.REVOKED
+        if self.expires_at is not None and self.expires_at <= (now or timezone.now()):
+            return TokenState.EXPIRED
+        return TokenState.ACTIVE
+
+    def refusal(self, now=None) -> str | None:
+        """Why the key signs no one in any more (the 401's text), or None while it is active."""
+        state = self.state(now)
+        tz = timezone.get_current_timezone()
+        if state == TokenState.REVOKED:
+            because = f" ({self.revoked_reason})" if self.revoked_reason else ""
+            return f"Token revoked on {token_rules.when(self.revoked_at, tz)}{because}."
+        if state == TokenState.EXPIRED:
+            return f"Token expired on {token_rules.when(self.expires_at, tz)}."
+        return None
 
 
 class SchedulerPolicy(models.Model):

@@ -39,7 +39,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from config.roles import is_fleet_admin
-from fleet import api_tokens
+from fleet import api_tokens, token_rules
 from fleet.choices import GpuMode
 from fleet.models import Gpu, Vgpu
 from telemetry.models import Agent, AgentStatus, GpuHealthState, HostDriverState, VgpuHealthState
@@ -275,8 +275,8 @@ def _plain(text: str, status: int) -> HttpResponse:
     return HttpResponse(text, status=status, content_type="text/plain; charset=utf-8")
 
 
-def _unauthorized() -> HttpResponse:
-    response = _plain(UNAUTHORIZED, 401)
+def _unauthorized(reason: str = "") -> HttpResponse:
+    response = _plain(f"{reason}\n{UNAUTHORIZED}" if reason else UNAUTHORIZED, 401)
     response["WWW-Authenticate"] = 'Bearer realm="metrics", Token realm="api"'
     return response
 
@@ -286,8 +286,9 @@ def refusal(request: HttpRequest) -> HttpResponse | None:
 
     A bearer token must equal METRICS_TOKEN (compared in constant time; with no METRICS_TOKEN set
     no bearer token is right, an agent's included). A `Token` key must be a live API token of
-    an active user (as the API checks it). Without either header, the browser session counts.
-    The user so found must be staff: the exposition is fleet-wide.
+    an active user (as the API checks it; a revoked or expired one is told why) whose scope
+    reads (read or write: an ingest token reads nothing). Without either header, the browser
+    session counts. The user so found must be staff: the exposition is fleet-wide.
     """
     if settings.METRICS_PUBLIC:
         return None
@@ -300,9 +301,13 @@ def refusal(request: HttpRequest) -> HttpResponse | None:
         return _unauthorized()
     if scheme.lower() == "token":
         try:
-            user = api_tokens.authenticate(credentials).user
-        except api_tokens.KeyRefused:
-            return _unauthorized()
+            token = api_tokens.authenticate(credentials)
+        except api_tokens.KeyRefused as refused:
+            return _unauthorized(str(refused))
+        scope_refusal = token_rules.scope_refusal(token.scope, request.method, ingest_view=False)
+        if scope_refusal is not None:
+            return _plain(scope_refusal + "\n", 403)
+        user = token.user
     else:
         user = request.user
         if not user.is_authenticated:

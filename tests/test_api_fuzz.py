@@ -34,6 +34,7 @@ from schemathesis.checks import (
 
 from fleet.api_tokens import issue_token
 from fleet.models import (
+    ApiToken,
     Artist,
     AuditEvent,
     Gpu,
@@ -64,6 +65,7 @@ CHECKS = [not_a_server_error, response_schema_conformance, content_type_conforma
 #: The model behind each `{id}` path of the API, by its first segment after /api/v1/.
 MODEL_OF_RESOURCE = {
     "agents": Agent,
+    "api-tokens": ApiToken,
     "artists": Artist,
     "audit-events": AuditEvent,
     "gpu-models": GpuModel,

@@ -108,6 +108,7 @@ def security_world(fleet_world, admin_user) -> W:
     w.event = AuditEvent.objects.order_by("pk").first()
     w.agent = Agent.objects.create(name="smi-a", kind=AgentKind.NVIDIA_SMI, host=w.host_a)
     w.token_key = issue_token(w.bot, "ci")[1]
+    w.ana_token, _ = issue_token(w.ana.user, "matrix script", scope="read")
     # A pending operation on Ana's VM (host_a is not linked: the row alone, for the routes).
     w.operation = Operation.objects.create(kind="resize", vm=w.vm_a, host=w.host_a, target_host=w.host_a,
                                            origin="the role matrix")
@@ -392,6 +393,13 @@ ROWS = [
     Row("api/v1/audit-events/{pk}/", lambda w: f"/api/v1/audit-events/{w.event.pk}/", API_ADMINS,
         Unsafe("delete", API_READ_ONLY)),
     Row("api/v1/", lambda w: "/api/v1/", API_SIGNED_IN),
+    # API tokens: everyone their own (an empty body issues a write token of the requester), admins all.
+    Row("api/v1/api-tokens/", lambda w: "/api/v1/api-tokens/", API_SIGNED_IN,
+        Unsafe("post", (401, 201, 201, 201, 201, 401), lambda w: {})),
+    Row("api/v1/api-tokens/{pk}/", lambda w: f"/api/v1/api-tokens/{w.ana_token.pk}/", API_OWN,
+        Unsafe("delete", API_READ_ONLY_SIGNED_IN)),  # revoking is POST revoke/, which keeps the row
+    Row("api/v1/api-tokens/{pk}/revoke/", lambda w: f"/api/v1/api-tokens/{w.ana_token.pk}/revoke/", API_POST_ONLY,
+        Unsafe("post", (401, 200, 404, 200, 200, 401), lambda w: {"reason": "matrix"})),
     Row("api/v1/agents/", lambda w: "/api/v1/agents/", API_ADMINS, Unsafe("post", API_WRITE_ADMINS, lambda w: {})),
     # API: notification channels and deliveries (admins only, reading included)
     Row("api/v1/notification-channels/", lambda w: "/api/v1/notification-channels/", API_ADMINS,
@@ -437,9 +445,10 @@ ROWS = [
         (401, 403, 404, 200, 200, 401), name="api/v1/gpus/{pk}/metrics/ shared"),
     Row("api/v1/gpus/{pk}/", lambda w: f"/api/v1/gpus/{w.gpu_shared.pk}/", API_OWN, name="api/v1/gpus/{pk}/ shared"),
     Row("api/v1/vms/{pk}/metrics/", lambda w: f"/api/v1/vms/{w.vm_a.pk}/metrics/?{_range()}", API_OWN),
-    # Agent tokens open this URL and nothing else; user sessions and tokens do not open it.
-    Row("api/v1/ingest/nvidia-smi/", lambda w: "/api/v1/ingest/nvidia-smi/", (401, 401, 401, 401, 401, 405),
-        Unsafe("post", (401, 401, 401, 401, 401, 201), _push_body, "application/xml")),
+    # Agent tokens open this URL and nothing else; sessions do not open it. A staff user's API
+    # token (ingest or write scope) pushes for the agent it names with ?agent= (400 without).
+    Row("api/v1/ingest/nvidia-smi/", lambda w: "/api/v1/ingest/nvidia-smi/", (401, 401, 401, 401, 405, 405),
+        Unsafe("post", (401, 401, 401, 401, 400, 201), _push_body, "application/xml")),
     Row("api/v1/heatmap/", lambda w: f"/api/v1/heatmap/?metric=util_gpu&{_range()}", API_SIGNED_IN),
     Row("api/v1/heatmap/", lambda w: f"/api/v1/heatmap/?group=host&metric=fb_used_mib&{_range()}", API_SIGNED_IN,
         name="api/v1/heatmap/ hosts"),
@@ -550,6 +559,33 @@ def test_role_matrix(world, row):
             got[method, role], want[method, role] = outcome(response), expected
             for secret in PRIVATE.get(role, ()):
                 assert secret.encode() not in response.content, f"{role} sees {secret!r} on {method} {url}"
+    assert_matches(got, want)
+
+
+@pytest.mark.parametrize("scope", ["read", "ingest"])
+def test_token_scopes_hold_on_every_api_url(world, scope):
+    """The automation user's token of scope read gets what its write token gets on every GET and
+    403 naming its scope on every write; of scope ingest, 403 on every API URL and /metrics, reads
+    included, but the ingest route. Every row is walked, so a view that sets its own permission
+    classes cannot let a token past its scope."""
+    client = Client(REMOTE_ADDR=LAN_ADDR, HTTP_AUTHORIZATION=f"Token {issue_token(world.bot, scope=scope)[1]}")
+    got, want = {}, {}
+    for row in ROWS:
+        if not (row.route.startswith("api/") or row.route == "metrics"):
+            continue  # pages and sign-in take sessions only
+        ingest = row.route.startswith("api/v1/ingest/")
+        calls = [("get", (row.get[ROLES.index("automation")] if scope == "read" else 405 if ingest else 403),
+                  None, "application/json")]
+        if row.unsafe:
+            expected = 400 if ingest and scope == "ingest" else 403  # 400: a token push names its agent
+            calls.append((row.unsafe.method, expected, row.unsafe.body(world) if row.unsafe.body else None,
+                          row.unsafe.content_type))
+        for method, expected, body, content_type in calls:
+            response = send(client, method, row.url(world), body, content_type)
+            key = (row.name or row.route, method)
+            got[key], want[key] = outcome(response), expected
+            if response.status_code == 403 and "html" not in response["Content-Type"]:  # /api/docs/: the 403 page
+                assert f"scope is {scope}".encode() in response.content, key
     assert_matches(got, want)
 
 

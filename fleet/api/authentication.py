@@ -1,8 +1,16 @@
 """`Authorization: Token <key>`: scripts' API tokens, stored hashed (`fleet.api_tokens`).
 
 The header is the one DRF's authtoken used, so existing scripts keep working; keys DRF stored
-in plain text were moved into `ApiToken` as digests by migration fleet 0005. A wrong or
-revoked key, or the token of an inactive user, gets 401 with `WWW-Authenticate: Token`.
+in plain text were moved into `ApiToken` as digests by migration fleet 0005. A wrong key, a
+revoked or expired token (the message says when, and why it was revoked) or the token of an
+inactive user gets 401 with `WWW-Authenticate: Token`.
+
+The token's scope is enforced here too (`fleet.token_rules.scope_refusal`): a read token's
+write and an ingest token's request to anything but an ingest view are 403 with a message
+naming the scope. Here, because every API view that accepts a token authenticates it through
+this class, while a view may replace the default permission classes with its own: a check among
+the permissions would be dropped by the first view that sets `permission_classes`. A view that
+takes pushed samples says so with `api_token_ingest = True`.
 """
 
 from __future__ import annotations
@@ -11,13 +19,26 @@ from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from rest_framework import exceptions
 from rest_framework.authentication import TokenAuthentication
 
-from fleet import api_tokens
+from fleet import api_tokens, token_rules
 
 
 class ApiTokenAuthentication(TokenAuthentication):
-    """`Token <key>` -> (the token's user, the ApiToken). DRF's parent class parses the header."""
+    """`Token <key>` -> (the token's user, the ApiToken). DRF's parent class parses the header;
+    a token whose scope does not cover the request is refused (403) before the view runs."""
 
     keyword = "Token"
+
+    def authenticate(self, request):
+        found = super().authenticate(request)
+        if found is None:
+            return None
+        token = found[1]
+        view = (getattr(request, "parser_context", None) or {}).get("view")
+        refusal = token_rules.scope_refusal(token.scope, request.method,
+                                            ingest_view=getattr(view, "api_token_ingest", False))
+        if refusal is not None:
+            raise exceptions.PermissionDenied(refusal)
+        return found
 
     def authenticate_credentials(self, key: str):
         try:

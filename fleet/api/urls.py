@@ -4,6 +4,7 @@ from config.routers import AppRouter
 from fleet.api import audit as audit_api
 from fleet.api import notifications as notifications_api
 from fleet.api import requests as requests_api
+from fleet.api import tokens as tokens_api
 from fleet.api import views
 
 router = AppRouter()
@@ -19,6 +20,8 @@ router.register("resize-requests", requests_api.ResizeRequestViewSet, basename="
 router.register("notifications", notifications_api.NotificationViewSet, basename="notification")
 # --- audit log (fleet/api/audit.py) ---
 router.register("audit-events", audit_api.AuditEventViewSet, basename="auditevent")
+# --- API tokens (fleet/api/tokens.py) ---
+router.register("api-tokens", tokens_api.ApiTokenViewSet, basename="apitoken")
 
 # /api/v1/gpus/ and the GPUs' scheduler routes are served by telemetry/api/urls.py: the GPU's
 # detail reads its newest sample, and a policy is applied through the host's agent.

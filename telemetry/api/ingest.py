@@ -5,9 +5,13 @@ by its SHA-256 (`Agent.token_sha256`): the lookup compares hashes, so response t
 nothing about the token, and the token is then checked, in constant time, against the one
 derived from the current AGENT_TOKEN_KEY (a new key revokes every token; rotate each push
 agent's token afterwards). Agent tokens authenticate here and nowhere else: the other API
-views accept user tokens (`Token <key>`) and sessions only, and this view accepts agent
-tokens only; `request.user` stays anonymous, so no user permission can ever pass on an agent
-token.
+views accept user tokens (`Token <key>`) and sessions only; `request.user` stays anonymous,
+so no user permission can ever pass on an agent token.
+
+A fleet admin's API token (`Token <key>`) of scope `ingest` (the scope made for this: it
+opens nothing else) or `write` may push too, for the agent it names with `?agent=<name>`: one
+key for a cron job that pushes for several hosts. The document is then stored exactly as if
+that agent had pushed it (its scope, its bookkeeping). Sessions are not accepted here.
 
 A token writes only within its agent's scope (`telemetry.ingest`, "Scope"): a push agent bound
 to a host stores that host's GPUs and the VMs placed on them; one bound to a VM (in-guest
@@ -44,6 +48,10 @@ from rest_framework.permissions import BasePermission
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from config.api.serializers import InvalidOrRefusedSerializer
+from config.roles import is_fleet_admin
+from fleet.api.authentication import ApiTokenAuthentication
+from fleet.models import ApiToken
 from telemetry.ingest import store_reports
 from telemetry.models import Agent, AgentKind
 from telemetry.payload import MAX_HOSTNAME, PayloadError
@@ -94,21 +102,55 @@ class AgentTokenScheme(OpenApiAuthenticationExtension):
         return build_bearer_security_scheme_object(header_name="Authorization", token_prefix="Bearer")
 
 
-class IsEnabledPushAgent(BasePermission):
-    """The request carries the token of an enabled agent of kind nvidia-smi."""
+def push_refusal(agent: Agent) -> str | None:
+    """Why `agent` may not push documents (None: it may): it must be enabled and of kind nvidia-smi."""
+    if not agent.enabled:
+        return f"Agent {agent.name} is disabled; an admin must enable it before it can push."
+    if agent.kind != AgentKind.NVIDIA_SMI:
+        return (f"Agent {agent.name} is of kind {agent.kind}; only nvidia-smi agents push documents "
+                f"(the others are polled).")
+    return None
+
+
+class MayPush(BasePermission):
+    """The token of an enabled nvidia-smi agent, or a fleet admin's API token (whose scope,
+    ingest or write, its authentication checked; the agent it names is checked by the view)."""
 
     def has_permission(self, request, view) -> bool:
-        agent = request.auth
-        if not isinstance(agent, Agent):
-            return False
-        if not agent.enabled:
-            self.message = f"Agent {agent.name} is disabled; an admin must enable it before it can push."
-            return False
-        if agent.kind != AgentKind.NVIDIA_SMI:
-            self.message = (f"Agent {agent.name} is of kind {agent.kind}; only nvidia-smi agents push documents "
-                            f"(the others are polled).")
-            return False
-        return True
+        if isinstance(request.auth, Agent):
+            refusal = push_refusal(request.auth)
+            if refusal is not None:
+                self.message = refusal
+            return refusal is None
+        if isinstance(request.auth, ApiToken):
+            if is_fleet_admin(request.user):
+                return True
+            self.message = "Only a fleet admin's API token may push documents for an agent."
+        return False
+
+
+def pushing_agent(request) -> Agent:
+    """The agent a push is stored for: the agent whose token signs it, or, for an API token, the
+    enabled nvidia-smi agent named by `?agent=` (400 without one or for an unknown name, 403 for
+    one that may not push). An agent token may name only itself."""
+    name = request.query_params.get("agent", "").strip()
+    if isinstance(request.auth, Agent):
+        if name and name != request.auth.name:
+            raise exceptions.ValidationError({"agent": [
+                f"This agent token pushes for agent {request.auth.name} only; leave ?agent= out."]})
+        return request.auth
+    if not name:
+        raise exceptions.ValidationError({"agent": [
+            "Required with an API token: the name of the nvidia-smi agent this document is pushed for."]})
+    found = None
+    if "\x00" not in name and len(name) <= Agent._meta.get_field("name").max_length:  # PostgreSQL refuses NUL
+        found = Agent.objects.filter(name=name).select_related("host", "vm").first()
+    if found is None:
+        raise exceptions.ValidationError({"agent": [f"No agent is named {name[:100]!r}."]})
+    refusal = push_refusal(found)
+    if refusal is not None:
+        raise exceptions.PermissionDenied(refusal)
+    return found
 
 
 class PayloadTooLarge(exceptions.APIException):
@@ -163,10 +205,12 @@ def _error(description: str) -> OpenApiResponse:
 class NvidiaSmiIngestView(APIView):
     """Stores one `nvidia-smi -q -x` document pushed by an nvidia-smi agent."""
 
-    authentication_classes = [AgentTokenAuthentication]
-    permission_classes = [IsEnabledPushAgent]
+    authentication_classes = [AgentTokenAuthentication, ApiTokenAuthentication]
+    permission_classes = [MayPush]
     parser_classes = [XmlDocumentParser, TextXmlDocumentParser]
     throttle_classes = []
+    #: API tokens of scope ingest may reach this view (`fleet.token_rules`).
+    api_token_ingest = True
 
     @extend_schema(
         operation_id="ingest_nvidia_smi",
@@ -180,27 +224,37 @@ class NvidiaSmiIngestView(APIView):
             "the GPUs of its host and the VMs placed on them, or, for an agent bound to a VM (in-guest pushes), that "
             "VM's vGPU; readings of any other GPU or VM are not stored, counted in `out_of_scope` and recorded as "
             "drift. An agent bound to no host is bound by its first document to the new host that document "
-            "introduces."
+            "introduces. A fleet admin's API token (`Authorization: Token <key>`, scope ingest or write) pushes for "
+            "the agent named by `?agent=`, as if that agent had pushed."
         ),
         request={"application/xml": OpenApiTypes.STR, "text/xml": OpenApiTypes.STR},
-        parameters=[OpenApiParameter(
-            "hostname", str, description="Host (or, from inside a VM, the VM) the document is from; default: the "
-                                         "agent's VM or host, else the agent's name",
-        )],
+        parameters=[
+            OpenApiParameter(
+                "hostname", str, description="Host (or, from inside a VM, the VM) the document is from; default: the "
+                                             "agent's VM or host, else the agent's name",
+            ),
+            OpenApiParameter(
+                "agent", str, description="With an API token (required then): the name of the nvidia-smi agent the "
+                                          "document is pushed for. With an agent token: its own name, or left out",
+            ),
+        ],
         responses={
             201: IngestResultSerializer,
-            400: _error("Malformed document, refused XML (entities), a stamp too far from the server's clock, or "
-                        "more unknown GPUs than TELEMETRY_MAX_NEW_GPUS; nothing stored, recorded on the agent"),
-            401: _error("Missing or invalid agent token"),
+            400: OpenApiResponse(InvalidOrRefusedSerializer, description=(
+                "Malformed document, refused XML (entities), a stamp too far from the server's clock, or more "
+                "unknown GPUs than TELEMETRY_MAX_NEW_GPUS (`detail`); nothing stored, recorded on the agent. With an "
+                "API token: `agent` missing or naming no agent (field messages)")),
+            401: _error("Missing or invalid agent token or API token (revoked or expired: the message says when)"),
             403: _error("The agent is disabled, is not of kind nvidia-smi, or is bound to no host or VM and may not "
-                        "introduce the host its document names (one in the inventory: an admin binds the agent)"),
+                        "introduce the host its document names (one in the inventory: an admin binds the agent); an "
+                        "API token of a user who is not a fleet admin, or of scope read"),
             413: _error("Larger than TELEMETRY_MAX_RESPONSE_BYTES"),
             415: _error("Content-Type is not application/xml or text/xml"),
         },
         tags=["ingest"],
     )
     def post(self, request):
-        agent: Agent = request.auth
+        agent = pushing_agent(request)
         received_at = time.time()
         try:
             document = request.data

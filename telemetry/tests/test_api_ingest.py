@@ -12,6 +12,7 @@ from rest_framework.test import APIClient
 
 from fleet.api_tokens import issue_token
 from fleet.models import Gpu
+from fleet.tests.factories import UserFactory
 from telemetry.models import AgentKind, AgentStatus, GpuSample, VgpuSample
 from telemetry.tests.ingest_world import OWN_FIXTURES, SHARED_CAPTURES, l40s_world, make_agent
 
@@ -202,16 +203,63 @@ def test_a_polled_agents_token_cannot_push(pusher):
     assert "is of kind nvml; only nvidia-smi agents push documents" in response.json()["detail"]
 
 
-def test_a_user_token_or_session_cannot_push(pusher, admin_user):
-    body = stamped(SHARED_CAPTURES / "tesla-t4.xml", now_s())
-    _, key = issue_token(admin_user)
+def test_a_session_cannot_push(pusher, admin_user):
     session = APIClient()
     session.force_login(admin_user)
 
-    with_token = push(None, body, HTTP_AUTHORIZATION=f"Token {key}")
-    with_session = session.post(URL, data=body, content_type="application/xml")
+    body = stamped(SHARED_CAPTURES / "tesla-t4.xml", now_s())
 
-    assert (with_token.status_code, with_session.status_code) == (401, 401)
+    response = session.post(URL, data=body, content_type="application/xml")
+
+    assert response.status_code == 401
+    assert not GpuSample.objects.exists()
+
+
+@pytest.mark.parametrize("scope", ["ingest", "write"])
+def test_an_admins_ingest_or_write_token_pushes_for_the_agent_it_names(pusher, admin_user, scope):
+    _, key = issue_token(admin_user, "smi cron", scope=scope)
+
+    response = push(None, stamped(SHARED_CAPTURES / "tesla-t4.xml", now_s()), query="?agent=smi-render-01",
+                    HTTP_AUTHORIZATION=f"Token {key}")
+
+    assert response.status_code == 201, response.content
+    gpu = Gpu.objects.get(uuid=T4_UUID)
+    assert gpu.host == pusher.host  # stored in the agent's scope, as if the agent had pushed
+    assert GpuSample.objects.filter(gpu=gpu).count() == 1
+    pusher.pusher.refresh_from_db()
+    assert pusher.pusher.last_seen is not None
+
+
+def test_a_token_push_is_refused_without_a_pushing_agent_or_by_a_read_token_or_an_artist(pusher, admin_user):
+    body = stamped(SHARED_CAPTURES / "tesla-t4.xml", now_s())
+    _, ingest_key = issue_token(admin_user, scope="ingest")
+    _, read_key = issue_token(admin_user, scope="read")
+    _, artist_key = issue_token(UserFactory(username="ana"), scope="ingest")
+    disabled = make_agent("smi-off", host=pusher.host, kind=AgentKind.NVIDIA_SMI, enabled=False)
+
+    def token_push(key, query=""):
+        return push(None, body, query=query, HTTP_AUTHORIZATION=f"Token {key}")
+
+    cases = {
+        "no agent": (token_push(ingest_key), 400, {"agent": [
+            "Required with an API token: the name of the nvidia-smi agent this document is pushed for."]}),
+        "unknown agent": (token_push(ingest_key, "?agent=nope"), 400, {"agent": ["No agent is named 'nope'."]}),
+        "NUL": (token_push(ingest_key, "?agent=a%00b"), 400, {"agent": [f"No agent is named {'a' + chr(0) + 'b'!r}."]}),
+        "disabled": (token_push(ingest_key, f"?agent={disabled.name}"), 403, {
+            "detail": "Agent smi-off is disabled; an admin must enable it before it can push."}),
+        "polled": (token_push(ingest_key, f"?agent={pusher.agent.name}"), 403, {
+            "detail": f"Agent {pusher.agent.name} is of kind nvml; only nvidia-smi agents push documents "
+                      f"(the others are polled)."}),
+        "read token": (token_push(read_key, "?agent=smi-render-01"), 403, {
+            "detail": "This API token's scope is read: it may read (GET, HEAD, OPTIONS) but not POST. Use a token "
+                      "with scope write."}),
+        "artist": (token_push(artist_key, "?agent=smi-render-01"), 403, {
+            "detail": "Only a fleet admin's API token may push documents for an agent."}),
+        "agent token naming another": (push(pusher.pusher, body, query=f"?agent={disabled.name}"), 400, {"agent": [
+            "This agent token pushes for agent smi-render-01 only; leave ?agent= out."]}),
+    }
+    got = {name: (response.status_code, response.json()) for name, (response, _, _) in cases.items()}
+    assert got == {name: (status, body) for name, (_, status, body) in cases.items()}
     assert not GpuSample.objects.exists()
 
 
@@ -240,7 +288,8 @@ def test_the_schema_documents_the_endpoint_and_its_token(admin_api):
 
     operation = schema["paths"][URL]["post"]
     assert set(operation["responses"]) == {"201", "400", "401", "403", "413", "415"}
-    assert operation["security"] == [{"agentToken": []}]
+    assert operation["security"] == [{"agentToken": []}, {"tokenAuth": []}]
+    assert "agent" in {parameter["name"] for parameter in operation["parameters"]}
     assert set(operation["requestBody"]["content"]) == {"application/xml", "text/xml"}
     assert schema["components"]["securitySchemes"]["agentToken"] == {"type": "http", "scheme": "bearer"}
 

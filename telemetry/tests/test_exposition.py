@@ -324,6 +324,31 @@ def test_revoked_or_inactive_staff_tokens_are_refused(world):
         assert_refused(get(HTTP_AUTHORIZATION=header, REMOTE_ADDR=LAN), 401)
 
 
+def test_a_staff_read_token_opens_it_and_an_ingest_token_does_not(world):
+    staff = UserFactory(username="prometheus-bot", is_staff=True)
+    _, read_key = issue_token(staff, "prometheus", scope="read")
+    _, ingest_key = issue_token(staff, "smi cron", scope="ingest")
+
+    assert get(HTTP_AUTHORIZATION=f"Token {read_key}", REMOTE_ADDR=LAN).status_code == 200
+    refused = get(HTTP_AUTHORIZATION=f"Token {ingest_key}", REMOTE_ADDR=LAN)
+    assert_refused(refused, 403)
+    assert refused.content.decode().startswith("This API token's scope is ingest:")
+
+
+def test_a_revoked_or_expired_token_is_told_why(world, time_machine):
+    time_machine.move_to(datetime(2026, 3, 2, 10, 0, tzinfo=UTC), tick=False)
+    staff = UserFactory(username="prometheus-bot", is_staff=True)
+    revoked, revoked_key = issue_token(staff, "old")
+    revoke_token(revoked, reason="rotated")
+    _, expired_key = issue_token(staff, "short", expires_at=datetime(2026, 3, 2, 9, 0, tzinfo=UTC))
+
+    for key, reason in ((revoked_key, "Token revoked on 2026-03-02 10:00 UTC (rotated)."),
+                        (expired_key, "Token expired on 2026-03-02 09:00 UTC.")):
+        response = get(HTTP_AUTHORIZATION=f"Token {key}", REMOTE_ADDR=LAN)
+        assert_refused(response, 401)
+        assert response.content.decode().splitlines()[0] == reason
+
+
 def test_an_artist_may_not_read_fleet_wide_metrics_by_token_or_session(world):
     """The exposition names every artist and VM: an artist's own credentials are not enough."""
     _, key = issue_token(world.ana.user)
