@@ -21,6 +21,7 @@ from datetime import datetime, timedelta
 
 from django.db import transaction
 from django.db.models import Q, QuerySet
+from django.dispatch import Signal
 from django.utils import timezone
 
 from config import read_cache
@@ -38,6 +39,11 @@ TOKEN_FIELDS = ["user", "name", "prefix", "scope", "expires_at"]
 #: ... and, around a revocation, when, why and by whom.
 REVOKED_FIELDS = [*TOKEN_FIELDS, "revoked_at", "revoked_reason", "revoked_by"]
 MAX_REASON = ApiToken._meta.get_field("revoked_reason").max_length
+
+
+#: Sent with `token` once a presented key has passed every check here; a receiver refuses the
+#: request by raising KeyRefused (the directory does, for a user it no longer gives a role).
+presented = Signal()
 
 
 class TokenNotFound(Exception):
@@ -169,6 +175,7 @@ def authenticate(key: str) -> ApiToken:
         raise KeyRefused(refusal)
     if not token.user.is_active:
         raise KeyRefused("User inactive or deleted.")
+    presented.send(sender=ApiToken, token=token)
     mark_used(token)
     return token
 

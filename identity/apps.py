@@ -1,4 +1,5 @@
 from django.apps import AppConfig
+from django.conf import settings
 from django.db.models.signals import post_migrate
 
 
@@ -22,3 +23,14 @@ class IdentityConfig(AppConfig):
         user_logged_out.connect(sessions.on_sign_out, dispatch_uid="identity.sessions.on_sign_out")
         checks.register(sessions.check_session_engine, "sessions")
         post_migrate.connect(ensure_default_schedules, sender=self, dispatch_uid="identity_default_schedules")
+        if getattr(settings, "AUTH_LDAP_ENABLED", False):
+            connect_directory()
+
+
+def connect_directory() -> None:
+    """A directory user's API tokens answer to the directory too (identity/ldap_backend.py); only
+    with a directory configured, whose libraries may otherwise be absent."""
+    from fleet.api_tokens import presented
+    from identity.ldap_backend import refuse_token_of_removed_user
+
+    presented.connect(refuse_token_of_removed_user, dispatch_uid="identity_ldap_tokens")

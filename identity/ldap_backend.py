@@ -34,6 +34,7 @@ from django.core.cache import cache
 from django.utils import timezone
 from django_auth_ldap.backend import LDAPBackend, populate_user
 
+from fleet.api_tokens import KeyRefused
 from identity.accounts import Identity, apply_identity, find_user
 from identity.models import DirectoryAccount, DirectorySource
 from identity.roles import NO_ROLE, role_of
@@ -252,3 +253,13 @@ def sync_accounts() -> SyncReport:
         report.error = str(error)
         logger.warning("Directory sync stopped after %d accounts: %s", report.checked, error)
     return report
+
+
+def refuse_token_of_removed_user(sender, token, **kwargs) -> None:
+    """fleet.api_tokens.presented receiver: a token of a directory user the directory no longer
+    gives a role is refused at its next request, as their sessions are."""
+    if not DirectoryAccount.objects.filter(user=token.user, source=DirectorySource.LDAP).exists():
+        return
+    if not still_allowed(token.user):
+        reason = DirectoryAccount.objects.filter(user=token.user).values_list("refused_reason", flat=True).first()
+        raise KeyRefused(reason or "User inactive or deleted.")

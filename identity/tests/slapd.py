@@ -284,5 +284,10 @@ def directory(slapd, settings, monkeypatch):
     if LDAP_BACKEND not in backends:
         backends.insert(1, LDAP_BACKEND)
     settings.AUTHENTICATION_BACKENDS = backends
+    from fleet.api_tokens import presented
+    from identity.apps import connect_directory
+
+    connect_directory()
     yield slapd
+    presented.disconnect(dispatch_uid="identity_ldap_tokens")
     slapd.restore()

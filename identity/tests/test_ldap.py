@@ -301,3 +301,19 @@ def test_directory_check_names_a_wrong_bind_password(directory, settings):
     settings.AUTH_LDAP_BIND_PASSWORD = "wrong"
     with pytest.raises(CommandError, match="Invalid credentials"):
         call_command("directory_check", stdout=StringIO())
+
+
+def test_an_api_token_of_a_removed_user_is_refused_at_its_next_request(directory):
+    from fleet.api_tokens import issue_token
+
+    sign_in("bob")
+    _, key = issue_token(get_user_model().objects.get(username="bob"), "render sync")
+    api = Client(HTTP_AUTHORIZATION=f"Token {key}")
+    assert api.get("/api/v1/vms/").status_code == 200
+    directory.remove_member(LIGHTING, "bob")
+    response = api.get("/api/v1/vms/")
+    assert response.status_code == 401
+    assert NO_ROLE in response.json()["detail"]
+    # A local account's token is not the directory's to judge.
+    _, local_key = issue_token(UserFactory(username="breakglass", is_staff=True), "ops")
+    assert Client(HTTP_AUTHORIZATION=f"Token {local_key}").get("/api/v1/vms/").status_code == 200
