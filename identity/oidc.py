@@ -120,10 +120,10 @@ class OidcBackend(OIDCAuthenticationBackend):
         """The ID token's claims updated with the userinfo endpoint's: Entra ID and Okta's org
         server put the groups in the ID token only, Keycloak may put them in either."""
         userinfo = super().get_userinfo(access_token, id_token, payload)
-        if userinfo.get("sub") != payload.get("sub"):
+        if not isinstance(userinfo, dict) or userinfo.get("sub") != payload.get("sub"):
             # OpenID Connect Core 5.3.2: a userinfo of another subject must not be used.
-            logger.warning("OpenID Connect: the userinfo endpoint answered for subject %r, the ID token is %r's",
-                           userinfo.get("sub"), payload.get("sub"))
+            logger.warning("OpenID Connect: the userinfo endpoint's answer is not about the ID token's subject %r",
+                           payload.get("sub"))
             self.refuse(FAILED.format(provider=settings.OIDC_DISPLAY_NAME))
             raise SuspiciousOperation("the userinfo endpoint answered for another subject than the ID token's")
         return {**payload, **userinfo}
