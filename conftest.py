@@ -29,7 +29,7 @@ from fleet.tests.factories import (
 
 #: Fixture modules of one app that tests of other apps use too.
 pytest_plugins = ["fleet.tests.request_world", "hypervisors.tests.fixtures", "hypervisors.tests.worlds",
-                  "notify.tests.receivers", "identity.tests.slapd"]
+                  "notify.tests.receivers", "identity.tests.slapd", "identity.tests.oidc_support"]
 
 #: Test files (or folders, ending in /) of the slow tier, relative to the repository root.
 SLOW_PATHS = (
@@ -38,6 +38,8 @@ SLOW_PATHS = (
     "fleet/tests/test_placement_properties.py",
     "hypervisors/tests/test_end_to_end_libvirt.py",
     "hypervisors/tests/test_libvirt_backend.py",
+    "identity/tests/test_oidc_browser.py",
+    "identity/tests/test_oidc_provider.py",
     "tests/test_api_fuzz.py",
     "tests/test_deploy_settings.py",
     "tests/test_security_bad_input.py",

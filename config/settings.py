@@ -5,14 +5,16 @@ the project folder and an embedded broker, with production's safeguards: DEBUG i
 the variable DEBUG says true, and then SECRET_KEY must be set (start-up fails otherwise) and
 https is enforced. Development (`make run`, the tests) sets DEBUG=true, which brings a
 development secret and plain http. Secrets (SECRET_KEY, DATABASE_URL, POSTGRES_PASSWORD,
-REDIS_URL, CELERY_BROKER_URL, AGENT_TOKEN_KEY, EMAIL_HOST_PASSWORD, METRICS_TOKEN) may instead
-be read from a file named by NAME_FILE.
+REDIS_URL, CELERY_BROKER_URL, AGENT_TOKEN_KEY, EMAIL_HOST_PASSWORD, METRICS_TOKEN,
+OIDC_RP_CLIENT_SECRET) may instead be read from a file named by NAME_FILE.
 """
 
 import hashlib
 import os
+import re
 from datetime import timedelta
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import dj_database_url
 from csp.constants import NONCE, NONE, SELF, UNSAFE_INLINE
@@ -144,6 +146,7 @@ TEMPLATES = [
                 "django.contrib.messages.context_processors.messages",
                 "dashboard.context_processors.badges",  # menu badges: unread notifications, pending requests, alerts
                 "dashboard.navigation.menu",  # the main menu: its groups, links and the current page
+                "identity.oidc.sign_in_options",  # the login page's "Sign in with ..." button, when OIDC is on
             ],
         },
     },
@@ -567,3 +570,77 @@ DATA_UPLOAD_MAX_NUMBER_FIELDS = 1000
 REQUEST_BODY_LIMIT_EXEMPT = ["/api/v1/ingest/"]
 MIDDLEWARE.insert(MIDDLEWARE.index("django.middleware.security.SecurityMiddleware") + 1,
                   "config.body_limits.RequestBodyLimitMiddleware")
+
+# --- Signing in with OpenID Connect (identity/oidc.py; docs/operations.md) --------------------
+# Off unless OIDC_RP_CLIENT_ID is set. The studio's provider (Keycloak, Entra ID, Okta) signs
+# people in, and the groups its OIDC_GROUPS_CLAIM claim lists give them their role
+# (identity.roles): OIDC_ADMIN_GROUP admins, OIDC_ARTIST_GROUPS artists, anyone else is refused.
+# Local accounts keep signing in with their passwords (the break-glass admin). A signed-in
+# session is checked with the provider again once OIDC_RENEW_ID_TOKEN_EXPIRY_SECONDS have passed
+# (mozilla-django-oidc's SessionRefresh, without a prompt while the provider's own session
+# lasts), so someone taken out of the groups loses access then, not at their next sign-in.
+OIDC_SIGN_ALGOS = ("RS256", "RS384", "RS512", "ES256", "ES384", "ES512", "HS256", "HS384", "HS512")
+
+
+def oidc_endpoint(name: str, required: bool = True) -> str | None:
+    """The provider's endpoint `name`: an http(s) URL (`manage.py oidc_discover` prints them)."""
+    value = env_str(name).strip()
+    if not value:
+        if not required:
+            return None
+        raise ImproperlyConfigured(f"{name} must be set when OIDC_RP_CLIENT_ID is: the provider's endpoint, from "
+                                   f"its /.well-known/openid-configuration (manage.py oidc_discover ISSUER_URL)")
+    parts = urlsplit(value)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ImproperlyConfigured(f"{name}={value!r} is not an http(s) URL")
+    return value
+
+
+OIDC_RP_CLIENT_ID = env_str("OIDC_RP_CLIENT_ID").strip()
+OIDC_ENABLED = bool(OIDC_RP_CLIENT_ID)
+OIDC_DISPLAY_NAME = env_str("OIDC_DISPLAY_NAME").strip() or "single sign-on"
+if OIDC_ENABLED:
+    OIDC_RP_CLIENT_SECRET = env_secret("OIDC_RP_CLIENT_SECRET")
+    if not OIDC_RP_CLIENT_SECRET:
+        raise ImproperlyConfigured("OIDC_RP_CLIENT_SECRET (or OIDC_RP_CLIENT_SECRET_FILE) must be set when "
+                                   "OIDC_RP_CLIENT_ID is: the secret the provider issued with the client id")
+    OIDC_RP_SIGN_ALGO = env_str("OIDC_RP_SIGN_ALGO").strip().upper() or "RS256"
+    if OIDC_RP_SIGN_ALGO not in OIDC_SIGN_ALGOS:
+        raise ImproperlyConfigured(f"OIDC_RP_SIGN_ALGO={OIDC_RP_SIGN_ALGO!r} is not one of "
+                                   f"{', '.join(OIDC_SIGN_ALGOS)}")
+    OIDC_OP_AUTHORIZATION_ENDPOINT = oidc_endpoint("OIDC_OP_AUTHORIZATION_ENDPOINT")
+    OIDC_OP_TOKEN_ENDPOINT = oidc_endpoint("OIDC_OP_TOKEN_ENDPOINT")
+    OIDC_OP_USER_ENDPOINT = oidc_endpoint("OIDC_OP_USER_ENDPOINT")
+    # The provider's public keys check RS* and ES* ID tokens; HS* ones are signed with the client secret.
+    OIDC_OP_JWKS_ENDPOINT = oidc_endpoint("OIDC_OP_JWKS_ENDPOINT", required=not OIDC_RP_SIGN_ALGO.startswith("HS"))
+    OIDC_RP_SCOPES = " ".join(env_str("OIDC_RP_SCOPES").split()) or "openid email profile"
+    if "openid" not in OIDC_RP_SCOPES.split():
+        raise ImproperlyConfigured(f"OIDC_RP_SCOPES={OIDC_RP_SCOPES!r} must include openid")
+    OIDC_USERNAME_CLAIM = env_str("OIDC_USERNAME_CLAIM").strip() or "preferred_username"
+    OIDC_GROUPS_CLAIM = env_str("OIDC_GROUPS_CLAIM").strip() or "groups"
+    OIDC_ADMIN_GROUP = env_str("OIDC_ADMIN_GROUP").strip()
+    OIDC_ARTIST_GROUPS = env_list("OIDC_ARTIST_GROUPS")
+    if not OIDC_ADMIN_GROUP and not OIDC_ARTIST_GROUPS:
+        raise ImproperlyConfigured("OIDC_ADMIN_GROUP or OIDC_ARTIST_GROUPS (or both) must be set when "
+                                   "OIDC_RP_CLIENT_ID is: without them nobody may sign in with OpenID Connect")
+    OIDC_RENEW_ID_TOKEN_EXPIRY_SECONDS = env_int("OIDC_RENEW_ID_TOKEN_EXPIRY_SECONDS", 900, minimum=60)
+    # Okta's applications authenticate at the token endpoint with HTTP Basic by default.
+    OIDC_TOKEN_USE_BASIC_AUTH = env_bool("OIDC_TOKEN_USE_BASIC_AUTH")
+    # PKCE on every sign-in (a provider that does not know it ignores it), and no call to the
+    # provider waits longer than this (requests would wait forever).
+    OIDC_USE_PKCE = True
+    OIDC_TIMEOUT = 10
+    # The pages' scripts call the API with fetch(), which cannot follow a redirect to the provider;
+    # the pages around them (and their htmx refreshes) are checked instead.
+    OIDC_EXEMPT_URLS = [re.compile(r"^/api/")]
+    LOGIN_REDIRECT_URL_FAILURE = "/login/"  # where a refused sign-in says why
+    AUTHENTICATION_BACKENDS.append("identity.oidc.OidcBackend")
+    MIDDLEWARE.insert(MIDDLEWARE.index("django.contrib.auth.middleware.AuthenticationMiddleware") + 1,
+                      "identity.oidc.SessionRefresh")
+    # The provider checks the password and throttles its own sign-ins; refusals of the callback
+    # (someone in neither group) must not lock a studio's address out of the password form.
+    AXES_WHITELIST_CALLABLE = "identity.oidc.unthrottled"
+    # A form's POST redirects to the next page, whose session check may redirect on to the
+    # provider: Chromium holds every hop of a form's navigation to form-action.
+    _provider = urlsplit(OIDC_OP_AUTHORIZATION_ENDPOINT)
+    CONTENT_SECURITY_POLICY["DIRECTIVES"]["form-action"].append(f"{_provider.scheme}://{_provider.netloc}")

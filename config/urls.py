@@ -1,8 +1,9 @@
-"""URL map: the dashboard's pages, login, the admin site, the v1 REST API with its schema and
-docs, the health check and the Prometheus exposition."""
+"""URL map: the dashboard's pages, login (and OpenID Connect's, when configured), the admin site,
+the v1 REST API with its schema and docs, the health check and the Prometheus exposition."""
 
 import logging
 
+from django.conf import settings
 from django.contrib import admin
 from django.contrib.auth import views as auth_views
 from django.db import connection
@@ -72,6 +73,10 @@ urlpatterns = [
     path("healthz", healthz, name="healthz"),
     path("metrics", metrics_view, name="metrics"),
 ]
+
+if settings.OIDC_ENABLED:
+    # Signing in with the studio's OpenID Connect provider (identity/oidc.py, config/settings.py).
+    urlpatterns.append(path("oidc/", include("mozilla_django_oidc.urls")))
 
 # Under /api/ a path no route matches (and Django's own 400 and 500) answers JSON (config/api/__init__.py).
 handler400 = "config.api.bad_request"

@@ -9,6 +9,8 @@ that has only Python; CI sets REQUIRE_BROWSER=1, which turns a missing browser i
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from types import SimpleNamespace
@@ -25,8 +27,10 @@ PASSWORD = "pass-word-123"
 VIEWPORT = {"width": 1440, "height": 900}
 
 
-@pytest.fixture(scope="session")
-def browser():
+@contextmanager
+def chromium() -> Iterator:
+    """Debian's Chromium under Playwright; skips the test (fails it with REQUIRE_BROWSER) where
+    there is none. identity/tests/test_oidc_browser.py starts one too."""
     if not Path(CHROMIUM_PATH).exists():
         message = (f"Chromium not found at {CHROMIUM_PATH}: install it (apt-get install chromium) or set "
                    f"CHROMIUM_PATH")
@@ -36,9 +40,28 @@ def browser():
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as playwright:
-        chromium = playwright.chromium.launch(executable_path=CHROMIUM_PATH, headless=True, args=CHROMIUM_ARGS)
-        yield chromium
-        chromium.close()
+        launched = playwright.chromium.launch(executable_path=CHROMIUM_PATH, headless=True, args=CHROMIUM_ARGS)
+        yield launched
+        launched.close()
+
+
+@pytest.fixture(scope="session")
+def browser():
+    with chromium() as launched:
+        yield launched
+
+
+def watch_errors(tab) -> list[str]:
+    """The JavaScript errors of `tab` from now on, and its failed loads under a page: a failed page
+    load is the test's to check (a 403 or 404 may be the point); a failed script, stylesheet,
+    image or API call under a page is a bug."""
+    errors: list[str] = []
+    tab.on("pageerror", lambda exc: errors.append(f"uncaught: {exc}"))
+    tab.on("console", lambda msg: errors.append(msg.text)
+           if msg.type == "error" and not msg.text.startswith("Failed to load resource") else None)
+    tab.on("response", lambda response: errors.append(f"HTTP {response.status} for {response.url}")
+           if response.status >= 400 and response.request.resource_type != "document" else None)
+    return errors
 
 
 @pytest.fixture
@@ -46,14 +69,7 @@ def page(browser, live_server):
     """A fresh browser context (no cookies) on the live server; JavaScript errors fail the test."""
     context = browser.new_context(viewport=VIEWPORT, base_url=live_server.url)
     tab = context.new_page()
-    errors: list[str] = []
-    tab.on("pageerror", lambda exc: errors.append(f"uncaught: {exc}"))
-    # A failed page load is the test's to check (a 403 or 404 may be the point); a failed
-    # script, stylesheet, image or API call under a page is a bug.
-    tab.on("console", lambda msg: errors.append(msg.text)
-           if msg.type == "error" and not msg.text.startswith("Failed to load resource") else None)
-    tab.on("response", lambda response: errors.append(f"HTTP {response.status} for {response.url}")
-           if response.status >= 400 and response.request.resource_type != "document" else None)
+    errors = watch_errors(tab)
     yield tab
     context.close()
     assert not errors, f"errors in the browser: {errors}"

@@ -22,6 +22,7 @@ import pytest
 from django.core.exceptions import ImproperlyConfigured
 
 from config.secrets import env_secret
+from identity.tests.oidc_support import unreachable_env
 
 ROOT = Path(__file__).resolve().parents[1]
 SECRET_ENV = ("SECRET_KEY", "DATABASE_URL", "POSTGRES_PASSWORD", "REDIS_URL", "CELERY_BROKER_URL",
@@ -94,6 +95,19 @@ def test_switching_https_off_in_production_is_reported_by_check_deploy(tmp_path)
     assert result.returncode != 0
     assert "security.W008" in result.stderr  # SECURE_SSL_REDIRECT
     assert "security.W004" in result.stderr  # HSTS
+
+
+def test_production_with_openid_connect_passes_check_deploy(tmp_path):
+    """OIDC on in a production process (its session renewal among production's middleware, the
+    client secret from a file): the deploy check passes, and the https login page's policy lets
+    its forms' redirects go on to the provider."""
+    secret = tmp_path / "oidc_client_secret"
+    secret.write_text("from-a-file\n")
+    env = production_env(tmp_path, **unreachable_env(OIDC_RP_CLIENT_SECRET=None,
+                                                      OIDC_RP_CLIENT_SECRET_FILE=str(secret)))
+    result = manage(env, "check", "--deploy", "--fail-level", "WARNING")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "form-action 'self' http://127.0.0.1:9;" in probe(env)["https"]["csp"]
 
 
 def test_production_without_secret_key_refuses_to_start(tmp_path):

@@ -49,6 +49,7 @@ from django.db import transaction
 from django.test import Client
 from django.urls import get_resolver
 
+from identity.tests.oidc_support import oidc_enabled, unreachable_env
 from tests.test_security_matrix import LAN_ADDR, security_world, template_of
 from tests.test_security_matrix import walk as walk_routes
 
@@ -636,4 +637,33 @@ def test_admin_changelists_answer_bad_query_values_without_a_server_error(walk, 
         params = scraper.link_params | {n for f in scraper.forms if f.method == "get" for n in f.fields}
         params |= {"q", "o", "p", "e", "all", "_to_field", "_popup"}
         fuzz_query(walk, "admin", url, params, declared=params, values=CHANGELIST_TEXT, per_param=1)
+    assert not walk.errors, walk.report()
+
+
+def test_the_oidc_routes_answer_bad_values_without_a_server_error(walk, world):
+    """OpenID Connect's routes exist only while it is configured (config/urls.py), so the walks
+    above never meet them: here they are walked with OIDC on (a provider at a closed port), each
+    role sending bad values in the parameters a provider and a browser send (the code, the state,
+    an error, the next page), and, with a sign-in under way, a code the provider never issued."""
+    with oidc_enabled(unreachable_env()):
+        routes = [template_of(route) for route, _ in walk_routes(get_resolver().url_patterns)
+                  if template_of(route).startswith("oidc/")]
+        assert routes == ["oidc/callback/", "oidc/authenticate/", "oidc/logout/"]
+        params = {*GENERIC_PARAMS, "code", "state", "error", "error_description", "next", "session_state"}
+        for url in ("/" + route for route in routes):
+            for role in ROLES:
+                fuzz_query(walk, role, url, params, declared=params)
+                walk.send(role, "post", url, data={name: BAD_TEXT[0] for name in params}, form=True)
+        for role in ROLES:
+            for value in BAD_TEXT:
+                with transaction.atomic():
+                    # A sign-in under way (its state in the session): the callback asks the
+                    # unreachable provider about a code it never issued, then reads an error.
+                    location = walk.clients[role].get("/oidc/authenticate/")["Location"]
+                    state = dict(parse_qsl(urlsplit(location).query))["state"]
+                    walk.send(role, "get", "/oidc/callback/", query={"code": value, "state": state},
+                              what=f"(a sign-in under way) code={short(value)}")
+                    walk.send(role, "get", "/oidc/callback/", query={"error": value, "state": state,
+                                                                     "error_description": value})
+                    transaction.set_rollback(True)
     assert not walk.errors, walk.report()

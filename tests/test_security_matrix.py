@@ -546,6 +546,11 @@ def test_every_url_has_a_row():
 
 @pytest.mark.parametrize("row", ROWS, ids=lambda row: row.name or row.route or "/")
 def test_role_matrix(world, row):
+    check_row(world, row)
+
+
+def check_row(world, row: Row, outcome_of: Callable[[Any], int | str] = outcome) -> None:
+    """Every role's GET of the row's URL, and its unsafe request, get what the row says."""
     clients = clients_for(world)
     url = row.url(world)
     calls = [("get", row.get, None, "application/json")]
@@ -556,7 +561,7 @@ def test_role_matrix(world, row):
     for method, expect, body, content_type in calls:
         for role, expected in zip(ROLES, expect, strict=True):
             response = send(clients[role], method, url, body, content_type)
-            got[method, role], want[method, role] = outcome(response), expected
+            got[method, role], want[method, role] = outcome_of(response), expected
             for secret in PRIVATE.get(role, ()):
                 assert secret.encode() not in response.content, f"{role} sees {secret!r} on {method} {url}"
     assert_matches(got, want)
@@ -587,6 +592,49 @@ def test_token_scopes_hold_on_every_api_url(world, scope):
             if response.status_code == 403 and "html" not in response["Content-Type"]:  # /api/docs/: the 403 page
                 assert f"scope is {scope}".encode() in response.content, key
     assert_matches(got, want)
+
+# --- OpenID Connect's routes (only while it is configured) ------------------------------------
+# config/urls.py includes /oidc/ only when OIDC_RP_CLIENT_ID is set. The table above is checked
+# with the default settings, where these routes do not exist (a row for them would be stale),
+# so they have their own rows, checked with OIDC on for a provider at a closed port
+# (identity/tests/oidc_support.py): the resolver's routes then are ROWS' and OIDC_ROWS', every
+# one with a row. Anyone may start a sign-in or come back from the provider (a session signed in
+# with a password is not sent to the provider for renewal); the sign-in itself is tested against
+# a real provider in identity/tests/test_oidc_provider.py.
+PROVIDER = "the provider's authorization endpoint"
+OIDC_ROWS = [
+    Row("oidc/authenticate/", lambda w: "/oidc/authenticate/?next=/vms/", (PROVIDER,) * 6,
+        Unsafe("post", (405,) * 6)),
+    # Without a sign-in under way: back to the login page.
+    Row("oidc/callback/", lambda w: "/oidc/callback/", ("/login/",) * 6, Unsafe("post", (405,) * 6)),
+    Row("oidc/logout/", lambda w: "/oidc/logout/", (405,) * 6, Unsafe("post", ("/login/",) * 6)),
+]
+
+
+@pytest.fixture
+def oidc_on():
+    from identity.tests.oidc_support import oidc_enabled, unreachable_env
+
+    with oidc_enabled(unreachable_env()) as configured:
+        yield configured
+
+
+def test_every_oidc_url_has_a_row(oidc_on):
+    routes = site_routes()
+    missing = [f"no expectation for /{route}" for route in routes if route not in {r.route for r in ROWS + OIDC_ROWS}]
+    assert not missing, "\n".join(missing)
+    assert {row.route for row in OIDC_ROWS} <= set(routes)
+
+
+@pytest.mark.parametrize("row", OIDC_ROWS, ids=lambda row: row.route)
+def test_oidc_role_matrix(world, oidc_on, row):
+    endpoint = oidc_on["OIDC_OP_AUTHORIZATION_ENDPOINT"]
+
+    def outcome_of(response):
+        location = response.get("Location", "") if response.status_code == 302 else ""
+        return PROVIDER if location.startswith(f"{endpoint}?") else outcome(response)
+
+    check_row(world, row, outcome_of)
 
 
 # --- the admin site -------------------------------------------------------------------------
