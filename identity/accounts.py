@@ -55,7 +55,8 @@ def apply_identity(user, identity: Identity, *, signed_in: bool = False, reason:
 
     With a role the user is active, staff exactly when an admin, and has an artist record (linked
     if they had one, else created under their name). Without one the user is deactivated and
-    `reason` kept, so the admin site says why. Only fields that changed are written.
+    `reason` kept, so the admin site says why. Only fields that changed are written. A local
+    account linked for the first time loses its local password, unless it is a superuser's.
     """
     with transaction.atomic():
         changed = []
@@ -68,12 +69,17 @@ def apply_identity(user, identity: Identity, *, signed_in: bool = False, reason:
             if getattr(user, name) != value:
                 setattr(user, name, value)
                 changed.append(name)
+        before = DirectoryAccount.objects.filter(user=user).values("role", "groups").first()
+        if before is None and user.has_usable_password() and not user.is_superuser:
+            # A local account the directory takes over: its old password must not stay a second
+            # way in that the directory cannot close. Superusers (the break-glass admin) keep it.
+            user.set_unusable_password()
+            changed.append("password")
         if changed:
             user.save(update_fields=changed)
         if identity.role is not None:
             _keep_artist(user)
         now = timezone.now()
-        before = DirectoryAccount.objects.filter(user=user).values("role", "groups").first()
         account, _ = DirectoryAccount.objects.update_or_create(user=user, defaults={
             "source": identity.source, "subject": identity.subject[:500], "groups": list(identity.groups),
             "role": identity.role or "", "last_synced_at": now,

@@ -38,6 +38,7 @@ from fleet.api_tokens import KeyRefused
 from identity.accounts import Identity, apply_identity, find_user
 from identity.models import DirectoryAccount, DirectorySource
 from identity.roles import NO_ROLE, role_of
+from identity.sessions import end_sessions
 from identity.views import REFUSAL_ATTR
 
 logger = logging.getLogger(__name__)
@@ -247,8 +248,11 @@ def sync_accounts() -> SyncReport:
                 found = directory.lookup(account.user.get_username())
                 identity, reason = found if found is not None else gone(account.user.get_username())
                 report.checked += 1
+                was_active = account.user.is_active
                 report.changed += keep_in_step(account.user, account, identity, reason)
                 report.refused += identity.role is None
+                if was_active and identity.role is None:
+                    end_sessions(account.user, reason)  # their browsers are refused anyway; this tidies
     except DirectoryUnavailable as error:
         report.error = str(error)
         logger.warning("Directory sync stopped after %d accounts: %s", report.checked, error)

@@ -22,7 +22,7 @@ from django.test import Client
 
 from fleet.models import Artist
 from fleet.tests.factories import ArtistFactory, UserFactory
-from identity.models import DirectoryAccount
+from identity.models import DirectoryAccount, UserSession
 from identity.tests.slapd import ADMINS, LIGHTING, MODELING, PASSWORD, person_dn
 
 pytestmark = pytest.mark.django_db
@@ -111,7 +111,7 @@ def test_an_account_made_before_is_linked_by_user_name_and_keeps_its_artist(dire
 
 
 def test_an_account_made_before_is_linked_by_e_mail(directory):
-    local = UserFactory(username="erin.c", email="Erin.Comp@studio.test")
+    local = UserFactory(username="erin.c", email="Erin.Comp@studio.test", password="old-local-pass-1")
     artist = ArtistFactory(user=local)
     client, response = sign_in("erin")
     assert response.status_code == 302
@@ -120,6 +120,10 @@ def test_an_account_made_before_is_linked_by_e_mail(directory):
     assert DirectoryAccount.objects.get(user=local).subject == person_dn("erin")
     assert Artist.objects.get(user=local).pk == artist.pk
     assert signed_in_as(client) == "erin"
+    # The old local password is no second way in: only the directory's works now.
+    client, _ = sign_in("erin", "old-local-pass-1", addr="10.2.0.9")
+    assert signed_in_as(client) is None
+    assert not get_user_model().objects.get(pk=local.pk).has_usable_password()
 
 
 def test_removal_from_the_groups_ends_access_at_the_next_request(directory):
@@ -181,8 +185,7 @@ def test_an_outage_keeps_recent_sessions_and_refuses_stale_ones(directory, setti
 
 
 def test_the_periodic_sync_keeps_every_directory_account_in_step(directory):
-    for name in ("alice", "bob", "carol"):
-        sign_in(name)
+    clients = {name: sign_in(name)[0] for name in ("alice", "bob", "carol")}
     UserFactory(username="breakglass", is_staff=True)
     directory.remove_member(LIGHTING, "bob")
     directory.set_attribute("carol", "sn", "Sculptor")
@@ -191,6 +194,9 @@ def test_the_periodic_sync_keeps_every_directory_account_in_step(directory):
     assert "3 directory accounts checked, 2 changed, 1 without access" in out.getvalue()
     users = {user.username: user for user in get_user_model().objects.all()}
     assert users["bob"].is_active is False
+    assert not UserSession.objects.filter(user=users["bob"]).exists()  # the sync ended bob's sessions
+    assert signed_in_as(clients["bob"]) is None
+    assert signed_in_as(clients["alice"]) == "alice"
     assert users["carol"].last_name == "Sculptor"
     assert users["alice"].is_active
     assert users["breakglass"].is_active
@@ -317,3 +323,10 @@ def test_an_api_token_of_a_removed_user_is_refused_at_its_next_request(directory
     # A local account's token is not the directory's to judge.
     _, local_key = issue_token(UserFactory(username="breakglass", is_staff=True), "ops")
     assert Client(HTTP_AUTHORIZATION=f"Token {local_key}").get("/api/v1/vms/").status_code == 200
+
+
+def test_a_superuser_taken_over_by_the_directory_keeps_the_break_glass_password(directory):
+    UserFactory(username="alice", is_staff=True, is_superuser=True, password="break-glass-pass-1")
+    sign_in("alice")
+    client, _ = sign_in("alice", "break-glass-pass-1", addr="10.2.0.10")  # the directory says wrong; local works
+    assert signed_in_as(client) == "alice"
