@@ -14,7 +14,9 @@ from e2e.conftest import sign_in
 from fleet.tests.factories import ArtistFactory, UserFactory, VirtualMachineFactory
 from identity.tests.slapd import LIGHTING, PASSWORD
 
-pytestmark = pytest.mark.django_db(transaction=True)
+# serialized_rollback: the flush after a transactional test re-creates content types, which the
+# next test that restores the serialized database would then meet twice.
+pytestmark = pytest.mark.django_db(transaction=True, serialized_rollback=True)
 
 
 @pytest.fixture
@@ -48,6 +50,7 @@ def test_directory_sign_in_in_the_browser(page, directory, shots):
     assert page.goto(f"/vms/{theirs.pk}/").status == 404
     assert page.goto("/hosts/").status == 403
     page.goto("/me/")
+    page.wait_for_load_state("networkidle")  # the workstation's charts have their data before bob is removed
 
     # Removed from the artists' group: the next click signs bob out, and the page says why.
     directory.remove_member(LIGHTING, "bob")
