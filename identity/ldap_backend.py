@@ -183,7 +183,7 @@ def _checked_key(user) -> str:
     return f"identity:ldap-checked:{user.pk}"
 
 
-def still_allowed(user) -> bool:
+def still_allowed(user, account: DirectoryAccount | None = None) -> bool:
     """Whether the directory still gives `user` a role; keeps their account in step as it asks.
 
     Asked at most every AUTH_LDAP_RECHECK_S seconds per user. When the directory is unreachable
@@ -192,7 +192,8 @@ def still_allowed(user) -> bool:
     recheck_s = settings.AUTH_LDAP_RECHECK_S
     if recheck_s and cache.get(_checked_key(user)):
         return True
-    account = DirectoryAccount.objects.filter(user=user).first()
+    if account is None:
+        account = DirectoryAccount.objects.filter(user=user).first()
     try:
         with Directory() as directory:
             found = directory.lookup(user.get_username())
@@ -262,8 +263,9 @@ def sync_accounts() -> SyncReport:
 def refuse_token_of_removed_user(sender, token, **kwargs) -> None:
     """fleet.api_tokens.presented receiver: a token of a directory user the directory no longer
     gives a role is refused at its next request, as their sessions are."""
-    if not DirectoryAccount.objects.filter(user=token.user, source=DirectorySource.LDAP).exists():
+    account = DirectoryAccount.objects.filter(user=token.user, source=DirectorySource.LDAP).first()
+    if account is None:
         return
-    if not still_allowed(token.user):
-        reason = DirectoryAccount.objects.filter(user=token.user).values_list("refused_reason", flat=True).first()
-        raise KeyRefused(reason or "User inactive or deleted.")
+    if not still_allowed(token.user, account):
+        account.refresh_from_db(fields=["refused_reason"])
+        raise KeyRefused(account.refused_reason or "User inactive or deleted.")

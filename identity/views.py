@@ -12,7 +12,7 @@ from django.contrib.auth.views import LoginView
 from identity.models import DirectoryAccount
 
 #: The request attribute a directory backend sets when it refuses someone whose password was right
-#: (identity/ldap_backend.py REFUSAL_ATTR names the same).
+#: (identity/ldap_backend.py sets it).
 REFUSAL_ATTR = "directory_refusal"
 
 
