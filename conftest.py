@@ -70,6 +70,34 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.xdist_group("faults"))
 
 
+@pytest.fixture(scope="session")
+def django_db_setup(django_db_setup):
+    """The test databases, whose serialized contents (the rows migrations wrote: content types,
+    the GPU catalog) follow every connection object Django makes for them in this process.
+
+    Playwright's sync API leaves its event loop marked as running in the test's thread while a
+    browser is open, and Django then keeps a second set of connection objects for that "async"
+    context. Without this, a serialized-rollback test run while a browser is open neither
+    restores those rows nor keeps the flush from re-creating content types under new keys, and
+    the next one run after the browser closes fails on a duplicate content type."""
+    from django.db import connections
+    from django.db.utils import ConnectionHandler
+
+    contents = {alias: connections[alias]._test_serialized_contents for alias in connections
+                if hasattr(connections[alias], "_test_serialized_contents")}
+    create_connection = ConnectionHandler.create_connection
+
+    def create_with_contents(handler, alias):
+        connection = create_connection(handler, alias)
+        if alias in contents:
+            connection._test_serialized_contents = contents[alias]
+        return connection
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(ConnectionHandler, "create_connection", create_with_contents)
+        yield
+
+
 @pytest.fixture(autouse=True)
 def _fast_password_hasher(settings):
     """MD5 instead of PBKDF2 for test users: factories give every user a password, and the

@@ -128,7 +128,7 @@ def oidc_provider(tmp_path_factory) -> Iterator[Provider]:
     with open(log, "w") as stderr:
         process = subprocess.Popen(
             [sys.executable, "-m", "identity.tests.oidc_provider", "--db", str(folder / "provider.sqlite3"),
-             "--client-id", client_id, "--client-secret", client_secret, "--admin-token", admin_token,
+             f"--client-id={client_id}", f"--client-secret={client_secret}", f"--admin-token={admin_token}",
              # The test client's host, and the live servers' loopback address (any port: RFC 8252).
              "--redirect-uri", "http://testserver/oidc/callback/", "--redirect-uri", "http://127.0.0.1/oidc/callback/"],
             cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=stderr, text=True)

@@ -1,7 +1,3 @@
-# Held back from the suite (not collected: the file name does not start with test_): on PostgreSQL,
-# the serialized-rollback tests that run after these on the same worker fail with a duplicate
-# django_content_type key. Reproduce: DATABASE_URL=postgres://... pytest this file (renamed
-# test_oidc_browser.py) sizing/tests/test_api_optimizer.py. To be fixed and renamed back.
 """Signing in with OpenID Connect in Chromium: the login page's button, the test provider's own
 login page (served as `localhost`, the dashboard as 127.0.0.1: two sites, two cookie jars), and
 back to the dashboard, under the content security policy a studio's browser enforces.
