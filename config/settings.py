@@ -427,6 +427,9 @@ TELEMETRY_ROLLUP_MAX_BUCKETS = int(env_float("TELEMETRY_ROLLUP_MAX_BUCKETS", 120
 TELEMETRY_ROLLUP_LATE_S = env_float("TELEMETRY_ROLLUP_LATE_S", 120.0)
 # Rows deleted per statement by retention, so no DELETE holds its locks for long.
 TELEMETRY_PRUNE_BATCH = int(env_float("TELEMETRY_PRUNE_BATCH", 10_000))
+# PostgreSQL: raw sample tables are partitioned by UTC day; a periodic task keeps partitions
+# this many days ahead of today (a sample with no partition lands in the DEFAULT partition).
+TELEMETRY_PARTITION_DAYS_AHEAD = env_int("TELEMETRY_PARTITION_DAYS_AHEAD", 7, minimum=1)
 # Prometheus exposition at /metrics (telemetry/exposition.py): it names artists and their VMs,
 # so it needs credentials, from loopback too (a reverse proxy on the same machine makes every
 # request loopback's): `Authorization: Bearer <METRICS_TOKEN>`, or the API token or session of a

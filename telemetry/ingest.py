@@ -331,6 +331,31 @@ VGPU_SAMPLE_COLUMNS = ("vm_id", "gpu_id", "vgpu_id", "ts", "fb_used_mib", "util_
                        "dec_util")
 
 
+def _whole_positions(model: type, columns: tuple[str, ...]) -> tuple[int, ...]:
+    """Positions of `columns` the model keeps as whole numbers (telemetry.models), keys aside."""
+    fields = {f.column: f for f in model._meta.concrete_fields}
+    return tuple(i for i, column in enumerate(columns)
+                 if fields[column].get_internal_type() in ("SmallIntegerField", "IntegerField")
+                 and not fields[column].is_relation)
+
+
+_GPU_WHOLE = _whole_positions(GpuSample, GPU_SAMPLE_COLUMNS)
+_VGPU_WHOLE = _whole_positions(VgpuSample, VGPU_SAMPLE_COLUMNS)
+
+
+def _stored_rows(rows: Iterable[tuple], whole: tuple[int, ...]) -> list[tuple]:
+    """Sample rows as their columns keep them: a reading with a fraction (a DCGM ratio, a KiB
+    frame buffer) rounds half up to the whole percent, degree, MiB or MHz, as the pages show it."""
+    stored = []
+    for row in rows:
+        row = list(row)
+        for i in whole:
+            if row[i] is not None:
+                row[i] = math.floor(row[i] + 0.5)
+        stored.append(tuple(row))
+    return stored
+
+
 class _Batch:
     """One store_reports call: bulk lookups, then mapping, then bulk writes."""
 
@@ -1004,6 +1029,10 @@ class _Batch:
         table in a single statement (`_insert_staged`), no pre-read. Elsewhere: read the keys
         already stored, bulk_create the rest.
         """
+        self.gpu_samples = dict(zip(self.gpu_samples, _stored_rows(self.gpu_samples.values(), _GPU_WHOLE),
+                                    strict=True))
+        self.vgpu_samples = dict(zip(self.vgpu_samples, _stored_rows(self.vgpu_samples.values(), _VGPU_WHOLE),
+                                     strict=True))
         if connection.vendor == "postgresql":
             if self.gpu_samples or self.vgpu_samples:
                 self.stats.gpu_samples, self.stats.vgpu_samples = _insert_staged([

@@ -150,20 +150,26 @@ class Agent(models.Model):
 
 
 class GpuSample(models.Model):
-    """One reading of a physical GPU. A metric the GPU does not support is NULL, never 0."""
+    """One reading of a physical GPU. A metric the GPU does not support is NULL, never 0.
+
+    Columns hold what NVML reports without loss: utilization percentages, temperatures, frame
+    buffer MiB and clocks are whole numbers (NVML answers in whole %, °C, MiB and MHz); power
+    keeps its milliwatts. On PostgreSQL the table is partitioned by day (`telemetry.partitions`).
+    """
 
     id = models.BigAutoField(primary_key=True)
-    gpu = models.ForeignKey(Gpu, on_delete=models.CASCADE, related_name="samples")
+    # No index of its own: the unique (gpu, ts) key serves lookups and cascades by GPU.
+    gpu = models.ForeignKey(Gpu, on_delete=models.CASCADE, related_name="samples", db_index=False)
     ts = models.DateTimeField()
-    util_gpu = models.FloatField(null=True)
-    util_mem = models.FloatField(null=True)
-    fb_used_mib = models.FloatField(null=True)
-    fb_total_mib = models.FloatField(null=True)
-    enc_util = models.FloatField(null=True)
-    dec_util = models.FloatField(null=True)
-    temp_c = models.FloatField(null=True)
+    util_gpu = models.SmallIntegerField(null=True)
+    util_mem = models.SmallIntegerField(null=True)
+    fb_used_mib = models.IntegerField(null=True)
+    fb_total_mib = models.IntegerField(null=True)
+    enc_util = models.SmallIntegerField(null=True)
+    dec_util = models.SmallIntegerField(null=True)
+    temp_c = models.SmallIntegerField(null=True)
     power_w = models.FloatField(null=True)
-    sm_clock_mhz = models.FloatField(null=True)
+    sm_clock_mhz = models.IntegerField(null=True)
     # NVML's clocks event (throttle) reasons bitmask, so "throttled for M minutes" is read back
     # from the series (telemetry.payload.THROTTLE_FLAGS names the bits).
     clocks_event_reasons = models.BigIntegerField(null=True)
@@ -182,19 +188,21 @@ class VgpuSample(models.Model):
     """One reading of one vGPU, kept per VM (the sizing subject) and GPU.
 
     `vgpu` points at the inventory row while it exists; a VM's history survives a resize
-    that replaces its vGPU row. Utilization figures are shares of the physical GPU.
+    that replaces its vGPU row. Utilization figures are shares of the physical GPU, in whole
+    percents as NVML reports them; frame buffer in whole MiB. Partitioned by day on PostgreSQL.
     """
 
     id = models.BigAutoField(primary_key=True)
-    vm = models.ForeignKey(VirtualMachine, on_delete=models.CASCADE, related_name="samples")
+    # No index of its own: the unique (vm, gpu, ts) key starts with it.
+    vm = models.ForeignKey(VirtualMachine, on_delete=models.CASCADE, related_name="samples", db_index=False)
     gpu = models.ForeignKey(Gpu, on_delete=models.CASCADE, related_name="vgpu_samples")
     vgpu = models.ForeignKey(Vgpu, null=True, blank=True, on_delete=models.SET_NULL, related_name="samples")
     ts = models.DateTimeField()
-    fb_used_mib = models.FloatField(null=True)
-    util_gpu = models.FloatField(null=True)
-    util_mem = models.FloatField(null=True)
-    enc_util = models.FloatField(null=True)
-    dec_util = models.FloatField(null=True)
+    fb_used_mib = models.IntegerField(null=True)
+    util_gpu = models.SmallIntegerField(null=True)
+    util_mem = models.SmallIntegerField(null=True)
+    enc_util = models.SmallIntegerField(null=True)
+    dec_util = models.SmallIntegerField(null=True)
 
     class Meta:
         ordering = ["vm_id", "ts"]

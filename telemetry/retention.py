@@ -12,6 +12,13 @@
 Each statement deletes at most TELEMETRY_PRUNE_BATCH rows picked by id
 (`DELETE ... WHERE id IN (SELECT id ... LIMIT n)`) and commits on its own, so pruning a month
 of backlog never holds a long lock against ingest or the rollup build.
+
+On PostgreSQL the raw sample tables are partitioned by day (`telemetry.partitions`): a day
+partition is dropped whole once it ends at or before the raw cutoff above (age and rollup
+checkpoints alike), so a day of samples goes in one statement instead of millions of row
+deletes; rows of the DEFAULT partition (samples that arrived before their day had a partition)
+are deleted in batches. Raw samples are kept up to a day longer than
+TELEMETRY_RETENTION_RAW_DAYS there, until their whole day has expired.
 """
 
 from __future__ import annotations
@@ -24,6 +31,7 @@ from django.db.models import Model, QuerySet
 from django.utils import timezone
 
 from fleet.models import AuditEvent
+from telemetry import partitions
 from telemetry.aggregation import bucket_floor
 from telemetry.models import ROLLUP_STEPS_S, GpuRollup, GpuSample, RollupCheckpoint, VgpuSample, VmRollup, XidError
 from telemetry.rollups import checkpoint_name
@@ -69,12 +77,19 @@ def raw_cutoff(kind: str, now: datetime) -> datetime | None:
 
 def prune_samples(now: datetime | None = None, batch_size: int | None = None,
                   max_batches: int | None = None) -> dict[str, int]:
-    """Delete what retention allows (see the module docstring); return rows deleted per kind."""
+    """Delete what retention allows (see the module docstring); return rows deleted per kind,
+    and on PostgreSQL the day partitions of samples dropped whole (`gpu_sample_partitions`,
+    `vgpu_sample_partitions`; their rows are not counted, which would cost a scan of each)."""
     now = now or timezone.now()
     batch_size = batch_size or settings.TELEMETRY_PRUNE_BATCH
     deleted = {}
     for name, model, kind in (("gpu_samples", GpuSample, "gpu"), ("vgpu_samples", VgpuSample, "vm")):
         cutoff = raw_cutoff(kind, now)
+        table = model._meta.db_table
+        if partitions.is_partitioned(table):
+            deleted[f"{name[:-1]}_partitions"] = partitions.drop_partitions_before(table, cutoff) if cutoff else 0
+            deleted[name] = partitions.delete_from_default(table, cutoff, batch_size, max_batches) if cutoff else 0
+            continue
         deleted[name] = (
             delete_in_batches(model.objects.filter(ts__lt=cutoff), batch_size, max_batches) if cutoff else 0
         )

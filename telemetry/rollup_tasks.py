@@ -1,8 +1,12 @@
 """Celery tasks of the rollups and retention: thin wrappers of `telemetry.rollups` and
 `telemetry.retention`, loaded by the worker through CELERY_IMPORTS; their beat entries are telemetry.schedules'.
 
-Both are safe to run twice or at once: rollups are upserted and their checkpoints only move
-forward; retention deletes by age in small committed batches. A run cut short by its soft time
+`create_sample_partitions` keeps the raw sample tables' day partitions ahead of time
+(PostgreSQL; `telemetry.partitions`).
+
+All are safe to run twice or at once: rollups are upserted and their checkpoints only move
+forward; retention deletes by age in small committed batches or drops whole expired day
+partitions; a partition that exists is not created again. A run cut short by its soft time
 limit keeps what it committed (whole buckets, whole batches) and the next run goes on.
 """
 
@@ -13,7 +17,7 @@ import logging
 from celery import shared_task
 from celery.exceptions import SoftTimeLimitExceeded
 
-from telemetry import retention, rollups
+from telemetry import partitions, retention, rollups
 from telemetry.models import ROLLUP_STEPS_S
 
 logger = logging.getLogger(__name__)
@@ -42,3 +46,11 @@ def prune_samples() -> dict:
     except SoftTimeLimitExceeded:
         logger.warning("prune_samples hit its time limit; the next run goes on")
         return {}
+
+
+@shared_task(ignore_result=True, soft_time_limit=300, time_limit=330)
+def create_sample_partitions() -> dict:
+    """PostgreSQL: create the raw sample tables' day partitions up to
+    TELEMETRY_PARTITION_DAYS_AHEAD days ahead, and give rows waiting in the DEFAULT partition
+    their day's; returns what it created and moved (nothing on SQLite)."""
+    return partitions.ensure_partitions()

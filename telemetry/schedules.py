@@ -16,6 +16,8 @@ from fleet.beat import beat_tables_ready, ensure_periodic_task
 POLL_AGENTS = "poll_agents"
 BUILD_ROLLUPS_EVERY_S = 60
 PRUNE_SAMPLES_EVERY_S = 3600
+# Cheap when nothing is missing (a catalog read); hourly, so a restarted beat catches up soon.
+CREATE_PARTITIONS_EVERY_S = 3600
 
 
 def ensure_default_schedules(using: str = DEFAULT_DB_ALIAS, **kwargs) -> None:
@@ -31,9 +33,12 @@ def ensure_default_schedules(using: str = DEFAULT_DB_ALIAS, **kwargs) -> None:
 
 
 def ensure_rollup_schedules() -> None:
-    """The beat entries of the rollups (every minute) and retention (hourly), created once; each
-    expires before its next run so a backlog never replays missed runs."""
+    """The beat entries of the rollups (every minute), retention and the sample partitions
+    created ahead (hourly), created once; each expires before its next run so a backlog never
+    replays missed runs."""
     ensure_periodic_task("build_rollups", "telemetry.rollup_tasks.build_rollups", BUILD_ROLLUPS_EVERY_S,
                          expires_s=BUILD_ROLLUPS_EVERY_S - 5)
     ensure_periodic_task("prune_samples", "telemetry.rollup_tasks.prune_samples", PRUNE_SAMPLES_EVERY_S,
                          expires_s=PRUNE_SAMPLES_EVERY_S - 300)
+    ensure_periodic_task("create_sample_partitions", "telemetry.rollup_tasks.create_sample_partitions",
+                         CREATE_PARTITIONS_EVERY_S, expires_s=CREATE_PARTITIONS_EVERY_S - 300)

@@ -260,7 +260,7 @@ def test_admin_reads_everything_and_anonymous_gets_401(admin_api, api, world):
 
 
 def test_gpu_detail_latest_is_the_newest_sample(artist_api, admin_api, world):
-    gpu_samples(world.gpu_1, T0, 3, util_gpu=lambda i: [10.0, 20.0, 30.0][i], util_mem=12.5,
+    gpu_samples(world.gpu_1, T0, 3, util_gpu=lambda i: [10.0, 20.0, 30.0][i], util_mem=13,
                 fb_used_mib=lambda i: 1000.0 * (i + 1), fb_total_mib=46068.0, enc_util=None, dec_util=0.0,
                 temp_c=55.0, power_w=210.5, sm_clock_mhz=2100.0)
     gpu_samples(world.gpu_2, T0, 1, util_gpu=99.0)
@@ -268,7 +268,7 @@ def test_gpu_detail_latest_is_the_newest_sample(artist_api, admin_api, world):
     latest = artist_api.get(f"/api/v1/gpus/{world.gpu_1.pk}/").json()["latest"]
 
     assert latest == {
-        "ts": "2026-03-02T10:00:20Z", "util_gpu": 30.0, "util_mem": 12.5, "fb_used_mib": 3000,
+        "ts": "2026-03-02T10:00:20Z", "util_gpu": 30.0, "util_mem": 13, "fb_used_mib": 3000,
         "fb_total_mib": 46068, "enc_util": None, "dec_util": 0.0, "temp_c": 55.0, "power_w": 210.5,
         "sm_clock_mhz": 2100,
     }
