@@ -55,6 +55,7 @@ from django.urls import reverse
 from config.roles import is_fleet_admin
 from fleet.models import Gpu, GpuModel, Vgpu
 from fleet.queries import gpu_telemetry_visible, visible_hosts, visible_vms
+from telemetry import heatmap_codec
 from telemetry.aggregation import bucket_floor
 from telemetry.metrics import FIVE_MINUTES, GPU_METRICS, HOURLY, METRICS, STEP_LADDER, VM_METRICS
 from telemetry.models import GpuRollup, VmRollup
@@ -62,6 +63,9 @@ from telemetry.models import GpuRollup, VmRollup
 GROUPS = ("gpu", "vm", "host")
 FOLDS = ("none", "hour_of_week")
 SORTS = ("host", "peak", "mean")
+#: json: `z` as lists of numbers (the v1 form); typed: `z` as one byte a cell (`heatmap_codec`).
+ENCODINGS = ("json", "typed")
+ROW_NOUNS = {"gpu": "GPUs", "vm": "VMs", "host": "hosts"}
 STATS = ("avg", "max", "p95")
 GROUP_METRICS = {"gpu": GPU_METRICS, "vm": VM_METRICS, "host": GPU_METRICS}
 #: The metric a heatmap shows when none is asked for: for VMs the picture behind right-sizing.
@@ -92,6 +96,12 @@ class HeatmapQuery:
     start: datetime
     end: datetime
     step: int
+    encoding: str = "json"
+    #: Group the rows (after the window below) into at most this many when there are more.
+    rows_max: int | None = None
+    #: A window of the sorted rows: the drill-down into a group.
+    row_start: int = 0
+    row_count: int | None = None
 
     @property
     def source_step(self) -> int:
@@ -448,8 +458,9 @@ def _sorted(rows: list[Row], lines: list[Line], sort: str) -> list[tuple[Row, Li
 
 def build_heatmap(user, query: HeatmapQuery) -> dict:
     """The response of `/api/v1/heatmap/` for `user` (scoped by `fleet.queries`): Plotly's
-    heatmap shape (x, y, z) plus each row's id, host, detail URL, subtitle, peak and mean. On
-    PostgreSQL `z` is a `JsonRows` (lists of floats elsewhere)."""
+    heatmap shape (x, y, z) plus each row's id, host, detail URL, subtitle, peak and mean, then
+    windowed, grouped and encoded as the query asks (`_shaped`). In the json encoding on
+    PostgreSQL `z` is a `JsonRows` (lists of floats elsewhere); typed, a dict of bytes in base64."""
     if query.group == "gpu":
         rows, scope = _gpu_rows(user, query.host_id)
     elif query.group == "vm":
@@ -478,7 +489,7 @@ def build_heatmap(user, query: HeatmapQuery) -> dict:
         with_data = [line for _, line in entries if line.peak is not None]
         zmin = min((line.low for line in with_data), default=None)
         zmax = max((line.peak for line in with_data), default=None)
-    return {
+    body = {
         "group": query.group, "metric": query.metric, "stat": query.stat, "fold": query.fold, "sort": query.sort,
         "unit": unit, "start": iso(query.start), "end": iso(query.end), "step": query.step,
         "source_step": query.source_step,
@@ -493,3 +504,47 @@ def build_heatmap(user, query: HeatmapQuery) -> dict:
         "z": JsonRows(cells) if cells and isinstance(cells[0], str) else cells,
         "zmin": zmin, "zmax": zmax,
     }
+    return _shaped(body, query)
+
+
+def _shaped(body: dict, query: HeatmapQuery) -> dict:
+    """`body` with the window, groups and encoding the query asks for, and the keys that say
+    what was done: `total_rows` (rows in scope), `row_start` (the window's first row) and
+    `groups` (null unless the rows were grouped)."""
+    total = len(body["ids"])
+    body.update(total_rows=total, row_start=query.row_start, groups=None, encoding=query.encoding)
+    if query.row_start or query.row_count is not None:
+        window = slice(query.row_start, None if query.row_count is None else query.row_start + query.row_count)
+        z = body["z"]
+        body.update(y=body["y"][window], ids=body["ids"][window], rows=body["rows"][window],
+                    z=JsonRows(z.texts[window]) if isinstance(z, JsonRows) else z[window])
+    if query.rows_max is not None and len(body["ids"]) > query.rows_max:
+        _group(body, query)
+    if query.encoding == "typed":
+        z = body["z"]
+        rows = z.tolist() if isinstance(z, JsonRows) else z
+        body["z"] = heatmap_codec.typed_matrix(rows, len(body["x"]), body["zmin"], body["zmax"])
+    return body
+
+
+def _group(body: dict, query: HeatmapQuery) -> None:
+    """Rows replaced by at most `rows_max` groups of consecutive rows (`heatmap_codec`): `y` the
+    groups' labels, `z` their cells, `groups` their windows and figures; `ids` and `rows` empty
+    (a group's rows come from its window: `row_start` and `row_count`)."""
+    z = body["z"]
+    lines = z.tolist() if isinstance(z, JsonRows) else z
+    labels, rows = body["y"], body["rows"]
+    groups, cells = [], []
+    for start, count in heatmap_codec.group_windows(len(lines), query.rows_max):
+        members = rows[start:start + count]
+        peaks = [row["peak"] for row in members if row["peak"] is not None]
+        means = [row["mean"] for row in members if row["mean"] is not None]
+        hosts = {row["host_id"] for row in members}
+        groups.append({
+            "label": heatmap_codec.group_label(labels[start], labels[start + count - 1], count,
+                                               ROW_NOUNS[query.group]),
+            "row_start": query.row_start + start, "row_count": count, "hosts": len(hosts - {None}),
+            "peak": max(peaks) if peaks else None, "mean": math.fsum(means) / len(means) if means else None,
+        })
+        cells.append(heatmap_codec.group_cells(lines[start:start + count]))
+    body.update(y=[group["label"] for group in groups], ids=[], rows=[], z=cells, groups=groups)
