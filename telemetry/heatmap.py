@@ -373,9 +373,10 @@ class JsonRows(Sequence):
 
 @dataclass
 class Line:
-    """One row's cells (a list, or JSON text from PostgreSQL) and its figures."""
+    """One row's cells (a list; JSON text, or the typed encoding's codes, from PostgreSQL) and its
+    figures."""
 
-    cells: list | str
+    cells: list | str | bytes
     peak: float | None = None
     mean: float | None = None
     low: float | None = None
@@ -420,6 +421,68 @@ def _json_lines(query: HeatmapQuery, scope: QuerySet | None) -> dict[int, Line]:
     return lines
 
 
+def _codes_sql(query: HeatmapQuery, scope: QuerySet | None) -> tuple[str, list]:
+    """PostgreSQL, typed encoding: as `_json_rows_sql`, the cells being one character a cell in
+    time order, `chr(code + 1)` for a value's code (`heatmap_codec`) and `chr(256)` for a cell
+    without the reading. A % metric's scale is 0-100; any other's is the range of the cells,
+    which the database finds in the same statement (the cells are read once)."""
+    cells_sql, params = _cells_sql(query, scope, "index" if _merged(query) else "bucket")
+    if UNITS[query.metric] == "%":
+        scale = f"(SELECT 0.0 AS lo, {heatmap_codec.LEVELS / 100.0!r} AS per)"
+    else:
+        scale = (f"(SELECT MIN(value) AS lo, CASE WHEN MAX(value) > MIN(value)"
+                 f" THEN {heatmap_codec.LEVELS}.0 / (MAX(value) - MIN(value)) ELSE 0 END AS per FROM c)")
+    code = f"LEAST({heatmap_codec.LEVELS}, GREATEST(0, floor((c.value - s.lo) * s.per + 0.5)))::int"
+    sql = (f"WITH c AS MATERIALIZED ({cells_sql})"
+           f" SELECT c.row_id, MIN(c.k), MAX(c.k), COUNT(*), MAX(c.value), AVG(c.value), MIN(c.value),"
+           # GREATEST and LEAST skip NULLs: a cell without the reading is tested first.
+           f" string_agg(CASE WHEN c.value IS NULL THEN chr(256) ELSE chr({code} + 1) END, '' ORDER BY c.k)"
+           f" FROM c CROSS JOIN {scale} s GROUP BY c.row_id")
+    return sql, params
+
+
+#: chr(code + 1) / chr(256) as UTF-32 code units, every fourth byte: code + 1, or 0 for "no data".
+_FROM_SHIFTED = bytes([heatmap_codec.NULL_CODE]) + bytes(range(255))
+
+
+def _codes(text: str) -> bytes:
+    """The codes of `_codes_sql`'s text: its characters are at most U+0100, so the low byte of
+    each UTF-32 unit is the character's value (0 for U+0100) and one C-level pass maps it back."""
+    return text.encode("utf-32-le")[::4].translate(_FROM_SHIFTED)
+
+
+def _code_lines(query: HeatmapQuery, scope: QuerySet | None) -> dict[int, Line]:
+    """PostgreSQL, typed encoding: each row with data as its codes (bytes, NULL_CODE where it
+    has none), with its exact figures. Rows with holes are placed from their keys."""
+    columns = query.columns
+    start_s, step = query.start.timestamp(), query.step
+    null = bytes([heatmap_codec.NULL_CODE])
+
+    def index(key) -> int:
+        return key if isinstance(key, int) else int((key.timestamp() - start_s) // step)
+
+    sql, params = _codes_sql(query, scope)
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        found = cursor.fetchall()
+    lines, holed = {}, {}
+    for row_id, first, last, count, peak, mean, low, text in found:
+        first, last = index(first), index(last)
+        codes = _codes(text)
+        if last - first + 1 == count:
+            lines[row_id] = Line(null * first + codes + null * (columns - 1 - last), peak, mean, low)
+        else:
+            holed[row_id] = Line(codes, peak, mean, low)
+    if holed:
+        for row_id, keys in _keys(query, scope, list(holed)).items():
+            line = holed[row_id]
+            dense = bytearray(null * columns)
+            for key, code in zip(keys, line.cells, strict=True):
+                dense[index(key)] = code
+            lines[row_id] = Line(bytes(dense), line.peak, line.mean, line.low)
+    return lines
+
+
 # The heatmap -------------------------------------------------------------------------------
 
 
@@ -429,6 +492,10 @@ def _lines(query: HeatmapQuery, rows: list[Row], scope: QuerySet | None) -> list
         cells = _cells(query, scope)
         folded = fold_hour_of_week(cells, query.start, query.buckets, ZoneInfo(settings.TIME_ZONE))
         return [Line.of(folded.get(row.id) or [None] * HOURS_PER_WEEK) for row in rows]
+    if connection.vendor == "postgresql" and query.encoding == "typed":
+        lines = _code_lines(query, scope)
+        empty = Line(bytes([heatmap_codec.NULL_CODE]) * query.columns)
+        return [lines.get(row.id, empty) for row in rows]
     if connection.vendor == "postgresql":
         lines = _json_lines(query, scope)
         empty = Line("[" + ", ".join(["null"] * query.columns) + "]")
@@ -518,12 +585,17 @@ def _shaped(body: dict, query: HeatmapQuery) -> dict:
         z = body["z"]
         body.update(y=body["y"][window], ids=body["ids"][window], rows=body["rows"][window],
                     z=JsonRows(z.texts[window]) if isinstance(z, JsonRows) else z[window])
+    if query.encoding == "typed":
+        # Codes first (PostgreSQL wrote them already), so groups take the highest code of their
+        # rows: the code of their highest value, the scale being the same.
+        offset, step = heatmap_codec.quantisation(body["zmin"], body["zmax"])
+        z = body["z"]
+        body["z"] = [row if isinstance(row, bytes) else heatmap_codec.encode_row(row, offset, step)
+                     for row in (z.tolist() if isinstance(z, JsonRows) else z)]
     if query.rows_max is not None and len(body["ids"]) > query.rows_max:
         _group(body, query)
     if query.encoding == "typed":
-        z = body["z"]
-        rows = z.tolist() if isinstance(z, JsonRows) else z
-        body["z"] = heatmap_codec.typed_matrix(rows, len(body["x"]), body["zmin"], body["zmax"])
+        body["z"] = heatmap_codec.typed_matrix(body["z"], len(body["x"]), body["zmin"], body["zmax"])
     return body
 
 
@@ -546,5 +618,7 @@ def _group(body: dict, query: HeatmapQuery) -> None:
             "row_start": query.row_start + start, "row_count": count, "hosts": len(hosts - {None}),
             "peak": max(peaks) if peaks else None, "mean": math.fsum(means) / len(means) if means else None,
         })
-        cells.append(heatmap_codec.group_cells(lines[start:start + count]))
+        members_cells = lines[start:start + count]
+        cells.append(heatmap_codec.group_codes(members_cells) if isinstance(lines[0], bytes)
+                     else heatmap_codec.group_cells(members_cells))
     body.update(y=[group["label"] for group in groups], ids=[], rows=[], z=cells, groups=groups)

@@ -44,11 +44,11 @@ def encode_row(cells: Sequence[float | None], offset: float, step: float) -> byt
     return bytes([NULL_CODE if v is None else min(LEVELS, max(0, int((v - offset) * scale + 0.5))) for v in cells])
 
 
-def typed_matrix(rows: Sequence[Sequence[float | None]], columns: int, zmin: float | None,
-                 zmax: float | None) -> dict:
-    """The `z` of a typed answer: Plotly's typed-array keys plus what decodes the codes."""
+def typed_matrix(rows: Sequence[bytes], columns: int, zmin: float | None, zmax: float | None) -> dict:
+    """The `z` of a typed answer from each row's codes (`encode_row`, on the scale `zmin`-`zmax`):
+    Plotly's typed-array keys plus what decodes the codes."""
     offset, step = quantisation(zmin, zmax)
-    data = b"".join(encode_row(row, offset, step) for row in rows)
+    data = b"".join(rows)
     return {
         "dtype": DTYPE, "bdata": base64.b64encode(data).decode("ascii"), "shape": f"{len(rows)}, {columns}",
         "offset": offset, "step": step, "null": NULL_CODE, "precision": step / 2,
@@ -87,6 +87,18 @@ def group_cells(rows: Sequence[Sequence[float | None]]) -> list[float | None]:
             if value is not None and (merged[j] is None or value > merged[j]):
                 merged[j] = value
     return merged
+
+
+#: Codes shifted by one (no data: 0), and back: the highest shifted code is the highest value.
+_SHIFT = bytes(range(1, 256)) + bytes([0])
+_UNSHIFT = bytes([NULL_CODE]) + bytes(range(255))
+
+
+def group_codes(rows: Sequence[bytes]) -> bytes:
+    """`group_cells` on codes: column by column, the highest code of `rows` (NULL_CODE where none
+    has data). Codes grow with values, so it is the code of the highest value."""
+    shifted = [row.translate(_SHIFT) for row in rows]
+    return bytes(map(max, zip(*shifted, strict=True))).translate(_UNSHIFT)
 
 
 def group_label(first: str, last: str, count: int, noun: str) -> str:

@@ -14,7 +14,7 @@ at all, how many stale or in error) and one for the host filter's choices.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 from django import forms
 from django.conf import settings
@@ -28,9 +28,10 @@ from config import parsing
 from dashboard.access import staff_required
 from dashboard.forms import RangeForm
 from fleet.models import Host
-from telemetry.metrics import METRICS
+from telemetry.aggregation import bucket_floor
+from telemetry.metrics import FIVE_MINUTES, METRICS
 from telemetry.queries import agent_status_counts
-from telemetry.ranges import PRESET_LABELS, TimeRange
+from telemetry.ranges import PRESET_LABELS, PRESETS, TimeRange
 
 TEMPLATE = "telemetry/heatmap.html"
 
@@ -100,6 +101,18 @@ VIEWS = {view.key: view for view in (
     ),
 )}
 DEFAULT_VIEW = "gpu"
+
+
+def _chart_end(time_range: TimeRange) -> str:
+    """The end the chart asks the API for. A preset ends now; the chart asks up to the next
+    5-minute boundary instead: rollups are 5-minute or hourly buckets, so the columns and the
+    cells are the same, and every viewer within those 5 minutes asks the same question and
+    shares one cached answer (telemetry.api.heatmap's typed answers)."""
+    end = time_range.end
+    if time_range.key in PRESETS:
+        floor = bucket_floor(end, FIVE_MINUTES)
+        end = floor if floor == end else floor + timedelta(seconds=FIVE_MINUTES)
+    return time_range.iso(end)
 
 
 def _text(moment: datetime) -> str:
@@ -301,12 +314,13 @@ def heatmap_page(request):
         "metric": metric,
         "stat": stat,
         "start": time_range.start_iso,
-        "end": time_range.end_iso,
+        "end": _chart_end(time_range),
         "sort": sort,
         "fold": view.fold,
         "host": "" if host_id is None else str(host_id),
         "stat-label": STAT_LABELS[stat],
         "metric-label": metric_label,
+        "row-noun": view.row_noun,
         "tz": settings.TIME_ZONE,
     }
     context["api_url"] = context["chart"]["api-url"]

@@ -537,6 +537,8 @@ def test_typed_heatmap_decodes_to_the_json_values_within_the_quantisation_step(a
     gpu_rollups(world.gpu_1, [(30, 0.0, 20.0, 19.0), (30, 33.3, 40.0, 39.0), (30, 99.99, 100.0, 100.0)])
     gpu_rollups(world.gpu_1, [(30, 12.34, 50.0, 45.0)], start=at(1500))  # a gap inside the row
     gpu_rollups(world.gpu_2, [(10, 61.7, 70.0, 65.0)], start=at(900))
+    GpuRollup.objects.create(gpu=world.gpu_2, step_s=300, bucket=at(1200), samples=50)  # without the reading
+    gpu_rollups(world.gpu_2, [(10, 5.0, 7.0, 6.0)], start=at(1500))
     gpu_rollups(world.gpu_1, [(360, 42.42, 80.0, 70.0)], step_s=3600)
     vm_rollups(world.vm_ana, [6144.0, 12000.0, 24576.0])
     params = {"end": at(3600), **params}

@@ -14,7 +14,7 @@ from telemetry.heatmap import (
     hour_of_week,
     hour_of_week_labels,
 )
-from telemetry.heatmap_codec import decode, group_cells, group_windows, typed_matrix
+from telemetry.heatmap_codec import decode, encode_row, group_cells, group_codes, group_windows, typed_matrix
 
 MONDAY = datetime(2026, 3, 2, tzinfo=UTC)
 PARIS = ZoneInfo("Europe/Paris")
@@ -81,7 +81,7 @@ def test_json_rows_read_as_lists_and_join_as_one_matrix():
 def test_typed_matrix_round_trips_within_half_a_step():
     rows = [[0.0, 12.345, None, 100.0], [None, None, None, None], [99.9, 0.1, 50.0, 33.3]]
 
-    z = typed_matrix(rows, 4, 0, 100)
+    z = typed_matrix([encode_row(row, 0.0, 100 / 254) for row in rows], 4, 0, 100)
     decoded = decode(z)
 
     assert (z["dtype"], z["shape"], z["null"]) == ("u1", "3, 4", 255)
@@ -94,8 +94,8 @@ def test_typed_matrix_round_trips_within_half_a_step():
 
 
 def test_a_flat_or_empty_scale_still_decodes():
-    assert decode(typed_matrix([[7.5, None, 7.5]], 3, 7.5, 7.5)) == [[7.5, None, 7.5]]
-    assert decode(typed_matrix([[None]], 1, None, None)) == [[None]]
+    assert decode(typed_matrix([encode_row([7.5, None, 7.5], 7.5, 1.0)], 3, 7.5, 7.5)) == [[7.5, None, 7.5]]
+    assert decode(typed_matrix([encode_row([None], 0.0, 1.0)], 1, None, None)) == [[None]]
 
 
 @pytest.mark.parametrize(("rows", "rows_max", "windows"), [
@@ -107,5 +107,6 @@ def test_group_windows_cover_every_row_in_at_most_rows_max_groups(rows, rows_max
     assert group_windows(rows, rows_max) == windows
 
 
-def test_group_cells_are_the_hottest_member():
+def test_group_cells_are_the_hottest_member_in_values_and_in_codes():
     assert group_cells([[1.0, None, 3.0], [2.0, None, None]]) == [2.0, None, 3.0]
+    assert group_codes([bytes([1, 255, 3, 0]), bytes([2, 255, 255, 254])]) == bytes([2, 255, 3, 254])
