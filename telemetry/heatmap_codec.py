@@ -11,7 +11,8 @@ step of the exact one (`precision`); 0.2 percentage points for a % metric.
 
 **Groups.** Rows past a screen are drawn as consecutive groups of the sorted rows, each cell
 the highest of its members' cells (a hot GPU never disappears into a group's mean), so the
-page stays responsive at 10,000 GPUs; a group names its rows' window (`row_start`,
+page stays responsive at 10,000 GPUs: one group a host where rows are sorted by host and the
+hosts fit, else groups of equal size. A group names its rows' window (`row_start`,
 `row_count`) for the drill-down.
 """
 
@@ -77,6 +78,18 @@ def group_windows(rows: int, rows_max: int) -> list[tuple[int, int]]:
     may be smaller) covering `rows` rows; one row a group when they fit."""
     size = max(1, math.ceil(rows / max(1, rows_max)))
     return [(start, min(size, rows - start)) for start in range(0, rows, size)]
+
+
+def host_runs(host_ids: Sequence[int | None]) -> list[tuple[int, int]]:
+    """`(row_start, row_count)` of each run of consecutive rows on the same host (rows sorted by
+    host: one run a host)."""
+    runs: list[tuple[int, int]] = []
+    for i, host in enumerate(host_ids):
+        if i and host == host_ids[i - 1]:
+            runs[-1] = (runs[-1][0], runs[-1][1] + 1)
+        else:
+            runs.append((i, 1))
+    return runs
 
 
 def group_cells(rows: Sequence[Sequence[float | None]]) -> list[float | None]:

@@ -187,7 +187,7 @@
     back.textContent = "← All " + total.toLocaleString() + " " + (chart.dataset.rowNoun || "rows");
     back.addEventListener("click", () => drawRows(chart, null));
     const what = document.createElement("span");
-    what.textContent = " Showing " + drill.label;
+    what.textContent = "Showing " + drill.label;
     bar.append(back, what);
     return bar;
   }
@@ -233,6 +233,7 @@
     if (bar) bar.remove();
     if (drill) chart.before(drillBar(chart, drill, body.total_rows));
     chart.heatmapRows = body.groups === null ? body.rows : null;
+    chart.heatmapGroups = body.groups;
     await window.Plotly.newPlot(chart, traces, layout, {responsive: true, displaylogo: false});
     chart.on("plotly_click", (event) => openCell(chart, body, event));
     chart.dataset.state = "ready";

@@ -638,6 +638,23 @@ def test_rows_past_rows_max_are_grouped_with_the_hottest_cell_and_a_window_to_dr
     assert (window["row_start"], window["total_rows"], window["groups"]) == (3, 8, None)
 
 
+def test_rows_sorted_by_host_are_grouped_a_host_a_group_when_the_hosts_fit(admin_api, world):
+    _add_gpus(3)  # three hosts of one GPU (node-..); render-01 has two GPUs, render-02 one
+    gpu_rollups(world.gpu_2, [(30, 80.0, 90.0, 85.0)])
+    gpu_rollups(world.gpu_1, [(30, 20.0, 30.0, 25.0)], start=at(300))
+
+    full = heatmap(admin_api)
+    grouped = heatmap(admin_api, rows_max=5)
+
+    assert [label.split(" · ")[0] for label in full["y"]] == ["node-02", "node-03", "node-04", "render-01",
+                                                               "render-01", "render-02"]
+    assert grouped["y"] == [*full["y"][:3], "render-01 (2 GPUs)", full["y"][5]]
+    render_01 = grouped["groups"][3]
+    assert (render_01["row_start"], render_01["row_count"], render_01["hosts"]) == (3, 2, 1)
+    assert grouped["z"][3][:3] == [80.0, 20.0, None]
+    assert heatmap(admin_api, rows_max=4)["y"][0].endswith("(2 GPUs)"), "more hosts than groups: equal sizes"
+
+
 def test_rows_that_fit_rows_max_are_not_grouped(admin_api, world):
     body = heatmap(admin_api, rows_max=3)
 
