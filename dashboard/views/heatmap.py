@@ -14,7 +14,7 @@ at all, how many stale or in error) and one for the host filter's choices.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 
 from django import forms
 from django.conf import settings
@@ -28,8 +28,8 @@ from config import parsing
 from dashboard.access import staff_required
 from dashboard.forms import RangeForm
 from fleet.models import Host
-from telemetry.aggregation import bucket_floor
-from telemetry.metrics import FIVE_MINUTES, METRICS
+from telemetry.heatmap import shared_end
+from telemetry.metrics import METRICS
 from telemetry.queries import agent_status_counts
 from telemetry.ranges import PRESET_LABELS, PRESETS, TimeRange
 
@@ -104,15 +104,9 @@ DEFAULT_VIEW = "gpu"
 
 
 def _chart_end(time_range: TimeRange) -> str:
-    """The end the chart asks the API for. A preset ends now; the chart asks up to the next
-    5-minute boundary instead: rollups are 5-minute or hourly buckets, so the columns and the
-    cells are the same, and every viewer within those 5 minutes asks the same question and
-    shares one cached answer (telemetry.api.heatmap's typed answers)."""
-    end = time_range.end
-    if time_range.key in PRESETS:
-        floor = bucket_floor(end, FIVE_MINUTES)
-        end = floor if floor == end else floor + timedelta(seconds=FIVE_MINUTES)
-    return time_range.iso(end)
+    """The end the chart asks the API for: a preset's, which ends now, up to the next 5-minute
+    boundary (`telemetry.heatmap.shared_end`: the same cells, one cached answer for everyone)."""
+    return time_range.iso(shared_end(time_range.end) if time_range.key in PRESETS else time_range.end)
 
 
 def _text(moment: datetime) -> str:

@@ -13,7 +13,6 @@ callers get 401.
 from __future__ import annotations
 
 import gzip
-import hashlib
 from datetime import timedelta
 
 from django.http import HttpResponse
@@ -29,8 +28,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from config import parsing, read_cache
-from config.roles import is_fleet_admin
+from config import parsing
 from fleet.queries import visible_hosts
 from telemetry.aggregation import bucket_floor
 from telemetry.api.metrics import HOURLY, MAX_RANGE_DAYS, METRICS, STEP_LADDER, parse_step, parse_time
@@ -49,6 +47,7 @@ from telemetry.heatmap import (
     build_heatmap,
     column_count,
     default_step,
+    typed_answer,
 )
 
 #: The most rows a window or a grouping may name (far above any fleet; keeps numbers sane).
@@ -363,25 +362,7 @@ class HeatmapView(APIView):
 
 # The typed answer ----------------------------------------------------------------------------
 
-#: Typed answers are reused until a table they read is written (the rollups advance, the
-#: inventory changes: `config.read_cache`), and at most this long.
-TYPED_MAX_AGE_S = 300
 _ACCEPTS_GZIP = _lazy_re_compile(r"\bgzip\b")
-
-
-def _typed_key(user, query: HeatmapQuery) -> str:
-    """One entry per scope and query: fleet admins share theirs (they see the same rows)."""
-    scope = "fleet" if is_fleet_admin(user) else f"user:{user.pk}"
-    digest = hashlib.sha256(repr((scope, query)).encode()).hexdigest()[:32]
-    return f"heatmap:typed:{digest}"
-
-
-def _typed_body(user, query: HeatmapQuery) -> bytes:
-    """The typed answer as gzipped JSON. Level 1: base64 text compresses barely better at 6 or 9
-    (10,000 x 288 cells of bench/heatmap.py: 3.30 MB at 1, 3.23 at 6, 3.21 at 9) for 1.6-1.9x
-    the time."""
-    text = JSONRenderer().render(build_heatmap(user, query))
-    return gzip.compress(text, compresslevel=1, mtime=0)
 
 
 def typed_response(request: Request, query: HeatmapQuery) -> HttpResponse:
@@ -393,8 +374,7 @@ def typed_response(request: Request, query: HeatmapQuery) -> HttpResponse:
     read from the rollups; the query string is not echoed), so compressing it is safe; the
     pages and the other API answers stay as they are.
     """
-    body = read_cache.cached(_typed_key(request.user, query), lambda: _typed_body(request.user, query),
-                             max_age_s=TYPED_MAX_AGE_S)
+    body = typed_answer(request.user, query)
     if _ACCEPTS_GZIP.search(request.META.get("HTTP_ACCEPT_ENCODING", "")):
         response = HttpResponse(body, content_type="application/json")
         response["Content-Encoding"] = "gzip"

@@ -10,11 +10,15 @@ import re
 from datetime import UTC, datetime, timedelta
 
 import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 
 from fleet import services
 from fleet.tests.factories import GpuFactory, HostFactory, VirtualMachineFactory, gpu_model, profile
+from telemetry.heatmap import page_default_query
 from telemetry.heatmap_codec import decode
 from telemetry.models import GpuRollup, VmRollup
+from telemetry.rollup_tasks import build_rollups as build_rollups_task
 from telemetry.rollups import build_rollups
 from telemetry.tests.rollup_world import L40S, T0, at, gpu_samples, studio
 
@@ -605,6 +609,22 @@ def test_typed_answers_are_per_scope(artist_api, admin_api, world):
 
     assert artist["y"] == ["ws-ana"]
     assert len(admin["y"]) > 1
+
+
+def test_once_rollups_are_built_the_pages_first_heatmap_is_ready_for_every_admin(
+        admin_api, admin_user, world, time_machine):
+    now = at(1800 + 42)
+    time_machine.move_to(now, tick=False)
+    gpu_samples(world.gpu_1, at(600), 30, util_gpu=64.0)  # the 10:10 bucket
+
+    build_rollups_task.apply().get()
+    query = page_default_query(now)
+    with CaptureQueriesContext(connection) as queries:
+        body, decoded = typed(admin_api, start=now - timedelta(hours=24), end=query.end, rows_max=200)
+
+    assert not [q for q in queries.captured_queries if "telemetry_gpurollup" in q["sql"]], "served from the cache"
+    assert body["end"] == "2026-03-02T10:35:00Z", "the next 5-minute boundary, as the page asks"
+    assert decoded[0][body["x"].index("2026-03-02T10:10:00Z")] == pytest.approx(64.0, abs=0.2)
 
 
 # Groups and windows ------------------------------------------------------------------------
