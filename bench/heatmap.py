@@ -1,5 +1,5 @@
-"""Benchmark of `/api/v1/heatmap/`: GPU x time of a 1,000-GPU fleet over 24 h, against the same
-matrix computed from raw samples.
+"""Benchmark of `/api/v1/heatmap/`: GPU x time of a 1,000-GPU fleet over 24 h (or 10,000), json and
+typed encodings, against the same matrix computed from raw samples.
 
     DATABASE_URL=postgres://postgres@127.0.0.1:5432/bench_heatmap python bench/heatmap.py [--gpus 1000] [--runs 7]
 
@@ -20,8 +20,14 @@ raw-sample endpoint). Checks that both matrices agree (avg util_gpu) and prints 
 core), rows x columns and the payload size, then a few other views for reference.
 The covering indexes of migration telemetry 0003 are in place (the seeding is followed by
 VACUUM ANALYZE, as autovacuum would do, so PostgreSQL can answer from them alone).
+Then the typed encoding (`?encoding=typed`, gzip accepted as a browser does): its payload on
+the wire against the json one, its cells against the json ones (within half a quantisation
+step), its time cold (the read cache emptied before each request: the first request after the
+rollups advance) and warm (the cached answer every later viewer gets), the raw-sample GROUP BY
+alone in the database (no rows fetched) for the strictest ratio, and the page's grouped request
+(`rows_max=200`). `--gpus 10000 --every 300` is the 10,000 GPU x 288 bucket fleet of issue 21.
 PostgreSQL only (the seeding uses generate_series). Prints figures; asserts only the
-agreement of the two matrices.
+agreement of the matrices.
 """
 
 from __future__ import annotations

@@ -74,7 +74,8 @@ VIEWS = {view.key: view for view in (
         default_metric="util_gpu", default_range="24h", row_noun="GPUs",
         legend="Each cell: {metric} ({stat}) of one GPU over {step}.",
         reading="Rows sorted by host are grouped under their host, with a line between hosts. "
-                "Click a cell to open that GPU at that time.",
+                "Click a cell to open that GPU at that time. Past 200 GPUs, a row is a host (or a group of "
+                "GPUs) showing the highest value of its GPUs: click it to show them.",
     ),
     HeatmapView(
         key="vm", label="VM × time: frame buffer vs profile", group="vm", fold="none",
@@ -88,7 +89,8 @@ VIEWS = {view.key: view for view in (
         legend="Each cell: {metric} ({stat}) of one VM over {step}.",
         reading="Frame buffer used as a share of the VM's profile: rows that stay dark are over-provisioned "
                 "(a smaller profile would do); rows near the top of the scale are short of frame buffer. "
-                "Click a cell to open that VM at that time.",
+                "Click a cell to open that VM at that time. Past 200 VMs, a row is a host's VMs (or a group "
+                "of VMs) with the highest value of its VMs: click it to show them.",
     ),
     HeatmapView(
         key="host", label="Host × hour of week", group="host", fold="hour_of_week", metrics=_GPU_METRICS,
