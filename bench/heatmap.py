@@ -1,5 +1,5 @@
-"""Benchmark of `/api/v1/heatmap/`: GPU x time of a 1,000-GPU fleet over 24 h, against the same
-matrix computed from raw samples.
+"""Benchmark of `/api/v1/heatmap/`: GPU x time of a 1,000-GPU fleet over 24 h (or 10,000), json and
+typed encodings, against the same matrix computed from raw samples.
 
     DATABASE_URL=postgres://postgres@127.0.0.1:5432/bench_heatmap python bench/heatmap.py [--gpus 1000] [--runs 7]
 
@@ -20,15 +20,23 @@ raw-sample endpoint). Checks that both matrices agree (avg util_gpu) and prints 
 core), rows x columns and the payload size, then a few other views for reference.
 The covering indexes of migration telemetry 0003 are in place (the seeding is followed by
 VACUUM ANALYZE, as autovacuum would do, so PostgreSQL can answer from them alone).
+Then the typed encoding (`?encoding=typed`, gzip accepted as a browser does): its payload on
+the wire against the json one, its cells against the json ones (within half a quantisation
+step), its time cold (the read cache emptied before each request: the first request after the
+rollups advance) and warm (the cached answer every later viewer gets), the raw-sample GROUP BY
+alone in the database (no rows fetched) for the strictest ratio, and the page's grouped request
+(`rows_max=200`). `--gpus 10000 --every 300` is the 10,000 GPU x 288 bucket fleet of issue 21.
 PostgreSQL only (the seeding uses generate_series). Prints figures; asserts only the
-agreement of the two matrices.
+agreement of the matrices.
 """
 
 from __future__ import annotations
 
 import argparse
 import cProfile
+import gzip
 import io
+import json
 import math
 import os
 import platform
@@ -187,6 +195,67 @@ def agree(a: list[list], b: list[list]) -> tuple[int, float]:
     return cells, worst
 
 
+def within_step(exact: list[list], decoded: list[list]) -> tuple[int, float]:
+    """Cells compared and the largest difference of a decoded typed matrix from the json one."""
+    return agree(exact, decoded)
+
+
+def _runs(times: list[float]) -> str:
+    return ", ".join(f"{t * 1000:.0f}" for t in times)
+
+
+def typed_figures(args, endpoint, body: dict, json_bytes: int, raw_s: float, end: datetime) -> None:
+    """The typed encoding (`?encoding=typed`, gzip accepted as a browser does): its payload against
+    the json one, its values against the json ones, and its time cold (the read cache emptied
+    before each request: the first view after the rollups advance) and warm (the same answer
+    again, as every other viewer until the next rollup), against the raw-sample query."""
+    from config import read_cache
+    from telemetry.heatmap_codec import decode
+
+    def typed(cold: bool, **extra):
+        if cold:
+            read_cache.clear()
+        return endpoint(encoding="typed", HTTP_ACCEPT_ENCODING="gzip", **extra)
+
+    rows = len(body["ids"])
+    cold_s, cold_runs, response = timed(lambda: typed(True), args.runs, warmup=1)
+    warm_s, warm_runs, _ = timed(lambda: typed(False), args.runs)
+    assert response["Content-Encoding"] == "gzip"
+    text = gzip.decompress(response.content)
+    typed_body = json.loads(text)
+    cells, worst = within_step(body["z"], decode(typed_body["z"]))
+    precision = typed_body["z"]["precision"]
+    if worst > precision + 1e-9:
+        raise SystemExit(f"typed cell off by {worst} > precision {precision}")
+    print(f"typed encoding: {cells:,} cells agree with json within {worst:.3f} (precision {precision:.3f} "
+          f"= half of step {typed_body['z']['step']:.4f})")
+    print(f"payload {rows:,} x {len(body['x'])}: json {json_bytes / 1e6:.2f} MB; typed {len(text) / 1e6:.2f} MB, "
+          f"gzipped on the wire {len(response.content) / 1e6:.3f} MB = {len(response.content) / json_bytes:.1%} "
+          f"of json")
+    print(f"typed, cold (cache emptied): median {cold_s * 1000:7.1f} ms  (runs: {_runs(cold_runs)}); "
+          f"raw / cold {raw_s / cold_s:.1f}x")
+    print(f"typed, warm (cached answer): median {warm_s * 1000:7.1f} ms  (runs: {_runs(warm_runs)}); "
+          f"raw / warm {raw_s / warm_s:.1f}x")
+    with connection.cursor() as cursor:
+        begun = time.perf_counter()
+        cursor.execute(f"SELECT count(*) FROM ({_RAW_SQL}) raw", [T0.timestamp(), 300, T0, end])
+        cursor.fetchall()
+        sql_only = time.perf_counter() - begun
+    print(f"raw samples, SQL alone (count of the GROUP BY, nothing fetched): {sql_only * 1000:.0f} ms; "
+          f"raw SQL / warm {sql_only / warm_s:.1f}x")
+    if rows > 1000:
+        # The payload of 1,000 rows of this fleet (a window of the sorted rows), as a 1,000-GPU fleet has.
+        small = endpoint(row_count=1000)
+        small_typed = typed(False, row_count=1000)
+        print(f"payload 1,000 x {len(body['x'])} (row_count=1000): json {len(small.content) / 1e6:.2f} MB; typed "
+              f"gzipped {len(small_typed.content) / 1e6:.3f} MB = {len(small_typed.content) / len(small.content):.1%}")
+    grouped_cold, grouped_runs, grouped = timed(lambda: typed(True, rows_max=200), args.runs, warmup=1)
+    grouped_warm, _, _ = timed(lambda: typed(False, rows_max=200), args.runs)
+    shape = json.loads(gzip.decompress(grouped.content))["z"]["shape"]
+    print(f"typed, rows_max=200 (the page past 200 rows): {shape} cells, {len(grouped.content) / 1e3:.0f} kB; "
+          f"cold median {grouped_cold * 1000:.1f} ms (runs: {_runs(grouped_runs)}), warm {grouped_warm * 1000:.1f} ms")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--gpus", type=int, default=1000)
@@ -194,6 +263,7 @@ def main() -> None:
     parser.add_argument("--every", type=int, default=30, help="seconds between samples")
     parser.add_argument("--runs", type=int, default=7)
     parser.add_argument("--profile", action="store_true", help="print a cProfile of one endpoint request")
+    parser.add_argument("--skip-others", action="store_true", help="skip the other views (sort, metric, step, host)")
     parser.add_argument("--keep", action="store_true",
                         help="keep the database (and reuse its seed next time: the same arguments are assumed)")
     args = parser.parse_args()
@@ -206,7 +276,9 @@ def main() -> None:
 
     # The test client's host name allowed, and DEBUG off: no query log slowing the requests.
     setup_test_environment(debug=False)
-    old_config = setup_databases(verbosity=0, interactive=False, keepdb=args.keep)
+    # No serialized copy of the database (that is for transactional tests): with --keep it would
+    # read every seeded row before the first figure.
+    old_config = setup_databases(verbosity=0, interactive=False, keepdb=args.keep, serialized_aliases=set())
     try:
         with connection.cursor() as cursor:
             cursor.execute("SHOW server_version")
@@ -232,8 +304,8 @@ def main() -> None:
         params = {"start": T0.isoformat(), "end": end.isoformat(), "group": "gpu", "metric": "util_gpu",
                   "stat": "avg", "step": 300}
 
-        def endpoint(**extra):
-            response = client.get(URL, {**params, **extra})
+        def endpoint(HTTP_ACCEPT_ENCODING="", **extra):  # noqa: N803 - the test client's name for the header
+            response = client.get(URL, {**params, **extra}, HTTP_ACCEPT_ENCODING=HTTP_ACCEPT_ENCODING)
             assert response.status_code == 200, response.content[:500]
             return response
 
@@ -261,6 +333,10 @@ def main() -> None:
         print(f"raw samples, no parallel workers: median {serial_s * 1000:7.1f} ms  "
               f"(runs: {', '.join(f'{t * 1000:.0f}' for t in serial_runs)}); ratio {serial_s / api_s:.1f}x")
 
+        typed_figures(args, endpoint, body, len(response.content), raw_s, end)
+
+        if args.skip_others:
+            return
         for label, extra in (
             ("GPU x time, sort=peak", {"sort": "peak"}),
             ("GPU x time, fb_used_pct", {"metric": "fb_used_pct"}),

@@ -1,9 +1,12 @@
 """The dashboard in a real browser: an admin's overview and heatmaps, click-through to the
-detail page at the clicked time, and an artist who sees only their own workstation."""
+detail page at the clicked time, a 1,000-GPU heatmap drawn in groups with a drill-down, and an
+artist who sees only their own workstation."""
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+import math
+import os
+from datetime import UTC, datetime, timedelta
 from urllib.parse import parse_qs, urlsplit
 
 import pytest
@@ -116,6 +119,72 @@ def test_a_click_on_a_heatmap_cell_opens_that_gpu_at_that_time(page, demo_world)
     assert parse_qs(url.query)["at"] == [target["at"]]
     assert gpu.pci_bus_id in page.locator("main").inner_text()
     page.locator(".chart").first.and_(page.locator(READY)).wait_for(timeout=20_000)
+
+
+def add_fleet(gpus: int, hours: int, now: datetime) -> None:
+    """`gpus` more L40S GPUs on hosts of 8, with 5-minute rollups of the last `hours`: a studio
+    day with a per-GPU phase, every 97th GPU silent."""
+    from fleet.models import GpuModel
+    from telemetry.models import GpuRollup
+
+    model = GpuModel.objects.get(name="NVIDIA L40S")
+    hosts = Host.objects.bulk_create(Host(name=f"farm-{h:03d}", cpu_threads=128, ram_gib=1024)
+                                     for h in range(math.ceil(gpus / 8)))
+    made = Gpu.objects.bulk_create(Gpu(host=hosts[g // 8], gpu_model=model, uuid=f"GPU-farm-{g}",
+                                       pci_bus_id=f"00000000:{g % 8 + 1:02X}:00.0") for g in range(gpus))
+    first = now.replace(minute=now.minute - now.minute % 5, second=0, microsecond=0) - timedelta(hours=hours)
+    GpuRollup.objects.bulk_create(
+        (GpuRollup(gpu=gpu, step_s=300, bucket=first + timedelta(minutes=5 * b), samples=10,
+                   util_gpu_avg=max(0.0, min(100.0, 50 + 45 * math.sin((b / 72 + g / 97) * 2 * math.pi))))
+         for g, gpu in enumerate(made) if g % 97 for b in range(hours * 12)),
+        batch_size=5000,
+    )
+
+
+def test_a_1000_gpu_heatmap_draws_groups_from_the_typed_matrix_and_a_click_shows_a_group(page, demo_world, tmp_path):
+    add_fleet(1000, 6, demo_world.now)
+    total = Gpu.objects.count()
+    sign_in(page, "admin")
+
+    with page.expect_response(lambda response: "/api/v1/heatmap/" in response.url) as answer:
+        drawn = draw_heatmap(page, "view=gpu&range=6h&sort=host")
+    assert "encoding=typed" in answer.value.url
+    assert answer.value.headers.get("content-encoding") == "gzip"
+    chart = page.locator("#heatmap")
+    assert drawn["state"] == "ready"
+    assert chart.get_attribute("data-grouped") == "true"
+    assert int(chart.get_attribute("data-total-rows")) == total > 1000
+    hosts = Host.objects.filter(gpus__isnull=False).distinct().count()
+    assert drawn["rows"] == hosts > 125, "one group a host: they fit a screen"
+    assert "farm-010 (8 GPUs)" in drawn["y"]
+    assert page.evaluate("() => document.getElementById('heatmap').data[0].z[0] instanceof Float64Array")
+    # The typed codes decoded in the page are the API's values within half a step.
+    hot = page.evaluate("() => Math.max(...document.getElementById('heatmap').data[0].z.flatMap("
+                        "(row) => Array.from(row).filter((v) => !Number.isNaN(v))))")
+    assert 94.5 <= hot <= 100.0
+    page.screenshot(path=os.environ.get("HEATMAP_SCREENSHOT", str(tmp_path / "heatmap-1000-gpus.png")))
+
+    row = drawn["y"].index("farm-010 (8 GPUs)")
+    target = page.evaluate(
+        """(row) => {
+            const el = document.getElementById('heatmap');
+            const xa = el._fullLayout.xaxis, ya = el._fullLayout.yaxis, trace = el.data[0];
+            const box = el.getBoundingClientRect();
+            return {x: box.left + xa._offset + xa.l2p(xa.d2l(trace.x[20])),
+                    y: box.top + ya._offset + ya.l2p(ya.d2l(trace.y[row]))};
+        }""",
+        row,
+    )
+    page.mouse.click(target["x"], target["y"])
+    page.locator("#heatmap[data-grouped=false][data-state=ready]").wait_for(timeout=20_000)
+    rows = page.evaluate("() => document.getElementById('heatmap').data[0].y")
+    assert rows == [f"farm-010 · 00000000:{n:02X}:00.0" for n in range(1, 9)]
+    assert page.locator(".heatmap-drill button").inner_text() == f"← All {total:,} GPUs"
+    assert page.locator(".heatmap-drill span").inner_text() == "Showing farm-010 (8 GPUs)"
+
+    page.locator(".heatmap-drill button").click()
+    page.locator("#heatmap[data-grouped=true][data-state=ready]").wait_for(timeout=20_000)
+    assert page.locator(".heatmap-drill").count() == 0
 
 
 def test_an_artist_sees_their_own_workstation_and_nothing_of_anyone_else(page, demo_world):

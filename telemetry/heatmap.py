@@ -38,7 +38,10 @@ Pure of HTTP: the API view parses and validates the query string into a `Heatmap
 
 from __future__ import annotations
 
+import gzip
+import hashlib
 import json
+import logging
 import math
 from collections import Counter, defaultdict
 from collections.abc import Sequence
@@ -52,16 +55,23 @@ from django.db.models import Count, Exists, IntegerField, OuterRef, Q, QuerySet,
 from django.db.models.functions import Coalesce
 from django.urls import reverse
 
+from config import read_cache
 from config.roles import is_fleet_admin
 from fleet.models import Gpu, GpuModel, Vgpu
 from fleet.queries import gpu_telemetry_visible, visible_hosts, visible_vms
+from telemetry import heatmap_codec
 from telemetry.aggregation import bucket_floor
 from telemetry.metrics import FIVE_MINUTES, GPU_METRICS, HOURLY, METRICS, STEP_LADDER, VM_METRICS
 from telemetry.models import GpuRollup, VmRollup
 
+log = logging.getLogger(__name__)
+
 GROUPS = ("gpu", "vm", "host")
 FOLDS = ("none", "hour_of_week")
 SORTS = ("host", "peak", "mean")
+#: json: `z` as lists of numbers (the v1 form); typed: `z` as one byte a cell (`heatmap_codec`).
+ENCODINGS = ("json", "typed")
+ROW_NOUNS = {"gpu": "GPUs", "vm": "VMs", "host": "hosts"}
 STATS = ("avg", "max", "p95")
 GROUP_METRICS = {"gpu": GPU_METRICS, "vm": VM_METRICS, "host": GPU_METRICS}
 #: The metric a heatmap shows when none is asked for: for VMs the picture behind right-sizing.
@@ -92,6 +102,12 @@ class HeatmapQuery:
     start: datetime
     end: datetime
     step: int
+    encoding: str = "json"
+    #: Group the rows (after the window below) into at most this many when there are more.
+    rows_max: int | None = None
+    #: A window of the sorted rows: the drill-down into a group.
+    row_start: int = 0
+    row_count: int | None = None
 
     @property
     def source_step(self) -> int:
@@ -363,9 +379,10 @@ class JsonRows(Sequence):
 
 @dataclass
 class Line:
-    """One row's cells (a list, or JSON text from PostgreSQL) and its figures."""
+    """One row's cells (a list; JSON text, or the typed encoding's codes, from PostgreSQL) and its
+    figures."""
 
-    cells: list | str
+    cells: list | str | bytes
     peak: float | None = None
     mean: float | None = None
     low: float | None = None
@@ -410,6 +427,71 @@ def _json_lines(query: HeatmapQuery, scope: QuerySet | None) -> dict[int, Line]:
     return lines
 
 
+def _codes_sql(query: HeatmapQuery, scope: QuerySet | None) -> tuple[str, list]:
+    """PostgreSQL, typed encoding: as `_json_rows_sql`, the cells being one character a cell in
+    time order, `chr(code + 1)` for a value's code (`heatmap_codec`) and `chr(256)` for a cell
+    without the reading. A % metric's scale is 0-100; any other's is the range of the cells,
+    which the database finds in the same statement (the cells are read once)."""
+    cells_sql, params = _cells_sql(query, scope, "index" if _merged(query) else "bucket")
+    if UNITS[query.metric] == "%":
+        # A fixed scale: no pass over the cells for it (materialising them costs a third more).
+        cells, scale = f"({cells_sql}) c", f"(SELECT 0.0 AS lo, {heatmap_codec.LEVELS / 100.0!r} AS per) s"
+        prefix = ""
+    else:
+        prefix = f"WITH c AS MATERIALIZED ({cells_sql}) "
+        cells = "c"
+        scale = (f"(SELECT MIN(value) AS lo, CASE WHEN MAX(value) > MIN(value)"
+                 f" THEN {heatmap_codec.LEVELS}.0 / (MAX(value) - MIN(value)) ELSE 0 END AS per FROM c) s")
+    code = f"LEAST({heatmap_codec.LEVELS}, GREATEST(0, floor((c.value - s.lo) * s.per + 0.5)))::int"
+    sql = (f"{prefix}SELECT c.row_id, MIN(c.k), MAX(c.k), COUNT(*), MAX(c.value), AVG(c.value), MIN(c.value),"
+           # GREATEST and LEAST skip NULLs: a cell without the reading is tested first.
+           f" string_agg(CASE WHEN c.value IS NULL THEN chr(256) ELSE chr({code} + 1) END, '' ORDER BY c.k)"
+           f" FROM {cells} CROSS JOIN {scale} GROUP BY c.row_id")
+    return sql, params
+
+
+#: chr(code + 1) / chr(256) as UTF-32 code units, every fourth byte: code + 1, or 0 for "no data".
+_FROM_SHIFTED = bytes([heatmap_codec.NULL_CODE]) + bytes(range(255))
+
+
+def _codes(text: str) -> bytes:
+    """The codes of `_codes_sql`'s text: its characters are at most U+0100, so the low byte of
+    each UTF-32 unit is the character's value (0 for U+0100) and one C-level pass maps it back."""
+    return text.encode("utf-32-le")[::4].translate(_FROM_SHIFTED)
+
+
+def _code_lines(query: HeatmapQuery, scope: QuerySet | None) -> dict[int, Line]:
+    """PostgreSQL, typed encoding: each row with data as its codes (bytes, NULL_CODE where it
+    has none), with its exact figures. Rows with holes are placed from their keys."""
+    columns = query.columns
+    start_s, step = query.start.timestamp(), query.step
+    null = bytes([heatmap_codec.NULL_CODE])
+
+    def index(key) -> int:
+        return key if isinstance(key, int) else int((key.timestamp() - start_s) // step)
+
+    sql, params = _codes_sql(query, scope)
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        found = cursor.fetchall()
+    lines, holed = {}, {}
+    for row_id, first, last, count, peak, mean, low, text in found:
+        first, last = index(first), index(last)
+        codes = _codes(text)
+        if last - first + 1 == count:
+            lines[row_id] = Line(null * first + codes + null * (columns - 1 - last), peak, mean, low)
+        else:
+            holed[row_id] = Line(codes, peak, mean, low)
+    if holed:
+        for row_id, keys in _keys(query, scope, list(holed)).items():
+            line = holed[row_id]
+            dense = bytearray(null * columns)
+            for key, code in zip(keys, line.cells, strict=True):
+                dense[index(key)] = code
+            lines[row_id] = Line(bytes(dense), line.peak, line.mean, line.low)
+    return lines
+
+
 # The heatmap -------------------------------------------------------------------------------
 
 
@@ -419,6 +501,10 @@ def _lines(query: HeatmapQuery, rows: list[Row], scope: QuerySet | None) -> list
         cells = _cells(query, scope)
         folded = fold_hour_of_week(cells, query.start, query.buckets, ZoneInfo(settings.TIME_ZONE))
         return [Line.of(folded.get(row.id) or [None] * HOURS_PER_WEEK) for row in rows]
+    if connection.vendor == "postgresql" and query.encoding == "typed":
+        lines = _code_lines(query, scope)
+        empty = Line(bytes([heatmap_codec.NULL_CODE]) * query.columns)
+        return [lines.get(row.id, empty) for row in rows]
     if connection.vendor == "postgresql":
         lines = _json_lines(query, scope)
         empty = Line("[" + ", ".join(["null"] * query.columns) + "]")
@@ -448,8 +534,9 @@ def _sorted(rows: list[Row], lines: list[Line], sort: str) -> list[tuple[Row, Li
 
 def build_heatmap(user, query: HeatmapQuery) -> dict:
     """The response of `/api/v1/heatmap/` for `user` (scoped by `fleet.queries`): Plotly's
-    heatmap shape (x, y, z) plus each row's id, host, detail URL, subtitle, peak and mean. On
-    PostgreSQL `z` is a `JsonRows` (lists of floats elsewhere)."""
+    heatmap shape (x, y, z) plus each row's id, host, detail URL, subtitle, peak and mean, then
+    windowed, grouped and encoded as the query asks (`_shaped`). In the json encoding on
+    PostgreSQL `z` is a `JsonRows` (lists of floats elsewhere); typed, a dict of bytes in base64."""
     if query.group == "gpu":
         rows, scope = _gpu_rows(user, query.host_id)
     elif query.group == "vm":
@@ -478,7 +565,7 @@ def build_heatmap(user, query: HeatmapQuery) -> dict:
         with_data = [line for _, line in entries if line.peak is not None]
         zmin = min((line.low for line in with_data), default=None)
         zmax = max((line.peak for line in with_data), default=None)
-    return {
+    body = {
         "group": query.group, "metric": query.metric, "stat": query.stat, "fold": query.fold, "sort": query.sort,
         "unit": unit, "start": iso(query.start), "end": iso(query.end), "step": query.step,
         "source_step": query.source_step,
@@ -493,3 +580,122 @@ def build_heatmap(user, query: HeatmapQuery) -> dict:
         "z": JsonRows(cells) if cells and isinstance(cells[0], str) else cells,
         "zmin": zmin, "zmax": zmax,
     }
+    return _shaped(body, query)
+
+
+def _shaped(body: dict, query: HeatmapQuery) -> dict:
+    """`body` with the window, groups and encoding the query asks for, and the keys that say
+    what was done: `total_rows` (rows in scope), `row_start` (the window's first row) and
+    `groups` (null unless the rows were grouped)."""
+    total = len(body["ids"])
+    body.update(total_rows=total, row_start=query.row_start, groups=None, encoding=query.encoding)
+    if query.row_start or query.row_count is not None:
+        window = slice(query.row_start, None if query.row_count is None else query.row_start + query.row_count)
+        z = body["z"]
+        body.update(y=body["y"][window], ids=body["ids"][window], rows=body["rows"][window],
+                    z=JsonRows(z.texts[window]) if isinstance(z, JsonRows) else z[window])
+    if query.encoding == "typed":
+        # Codes first (PostgreSQL wrote them already), so groups take the highest code of their
+        # rows: the code of their highest value, the scale being the same.
+        offset, step = heatmap_codec.quantisation(body["zmin"], body["zmax"])
+        z = body["z"]
+        body["z"] = [row if isinstance(row, bytes) else heatmap_codec.encode_row(row, offset, step)
+                     for row in (z.tolist() if isinstance(z, JsonRows) else z)]
+    if query.rows_max is not None and len(body["ids"]) > query.rows_max:
+        _group(body, query)
+    if query.encoding == "typed":
+        body["z"] = heatmap_codec.typed_matrix(body["z"], len(body["x"]), body["zmin"], body["zmax"])
+    return body
+
+
+def _group(body: dict, query: HeatmapQuery) -> None:
+    """Rows replaced by at most `rows_max` groups of consecutive rows (`heatmap_codec`): one a
+    host when rows are sorted by host and the hosts fit, else groups of equal size. `y` the
+    groups' labels, `z` their cells, `groups` their windows and figures; `ids` and `rows` empty
+    (a group's rows come from its window: `row_start` and `row_count`)."""
+    z = body["z"]
+    lines = z.tolist() if isinstance(z, JsonRows) else z
+    labels, rows = body["y"], body["rows"]
+    groups, cells = [], []
+    by_host = query.sort == "host" and query.group != "host"
+    windows = heatmap_codec.host_runs([row["host_id"] for row in rows]) if by_host else []
+    if not by_host or len(windows) > query.rows_max:
+        by_host, windows = False, heatmap_codec.group_windows(len(lines), query.rows_max)
+    for start, count in windows:
+        members = rows[start:start + count]
+        peaks = [row["peak"] for row in members if row["peak"] is not None]
+        means = [row["mean"] for row in members if row["mean"] is not None]
+        hosts = {row["host_id"] for row in members}
+        groups.append({
+            "label": (f"{members[0]['host'] or 'No host'} ({count} {ROW_NOUNS[query.group]})"
+                      if by_host and count > 1 else
+                      heatmap_codec.group_label(labels[start], labels[start + count - 1], count,
+                                                ROW_NOUNS[query.group])),
+            "row_start": query.row_start + start, "row_count": count, "hosts": len(hosts - {None}),
+            "peak": max(peaks) if peaks else None, "mean": math.fsum(means) / len(means) if means else None,
+        })
+        members_cells = lines[start:start + count]
+        cells.append(heatmap_codec.group_codes(members_cells) if isinstance(lines[0], bytes)
+                     else heatmap_codec.group_cells(members_cells))
+    body.update(y=[group["label"] for group in groups], ids=[], rows=[], z=cells, groups=groups)
+
+
+# The typed answer, cached ------------------------------------------------------------------
+
+#: Typed answers are reused until a table they read is written (the rollups advance, the
+#: inventory changes: `config.read_cache`), and at most this long.
+TYPED_MAX_AGE_S = 300
+#: The rows the heatmap page asks for at most (static/js/heatmap.js ROWS_MAX): more are grouped.
+PAGE_ROWS_MAX = 200
+
+
+def typed_cache_key(user, query: HeatmapQuery) -> str:
+    """One entry per scope and query: fleet admins share theirs (they see the same rows)."""
+    scope = "fleet" if is_fleet_admin(user) else f"user:{user.pk}"
+    fields = (scope, query.group, query.metric, query.stat, query.fold, query.sort, query.host_id,
+              query.start.timestamp(), query.end.timestamp(), query.step, query.encoding, query.rows_max,
+              query.row_start, query.row_count)
+    return "heatmap:typed:" + hashlib.sha256(repr(fields).encode()).hexdigest()[:32]
+
+
+def typed_answer(user, query: HeatmapQuery) -> bytes:
+    """The typed answer as gzipped JSON, computed once per rollup advance and scope. Level 1:
+    base64 text compresses barely better at 6 or 9 (10,000 x 288 cells of bench/heatmap.py:
+    3.30 MB at 1, 3.23 at 6, 3.21 at 9) for 1.6-1.9x the time."""
+    def compute() -> bytes:
+        text = json.dumps(build_heatmap(user, query), ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+        return gzip.compress(text.encode(), compresslevel=1, mtime=0)
+
+    return read_cache.cached(typed_cache_key(user, query), compute, max_age_s=TYPED_MAX_AGE_S)
+
+
+def shared_end(now: datetime) -> datetime:
+    """The end the heatmap page asks for a range ending now: the next 5-minute boundary. Rollups
+    are 5-minute or hourly buckets, so the columns and cells are the same as up to `now`, and
+    every viewer within those 5 minutes asks the same question and shares one cached answer."""
+    floor = bucket_floor(now, FIVE_MINUTES)
+    return floor if floor == now else floor + timedelta(seconds=FIVE_MINUTES)
+
+
+def page_default_query(now: datetime) -> HeatmapQuery:
+    """What the heatmap page asks first (dashboard.views.heatmap and static/js/heatmap.js): GPU
+    x time, util_gpu mean, the last 24 h up to `shared_end`, by host, grouped past a screen."""
+    end = shared_end(now)
+    start = now - timedelta(hours=24)
+    step = default_step(start, end)
+    return HeatmapQuery(group="gpu", metric=DEFAULT_METRIC["gpu"], stat="avg", fold="none", sort="host",
+                        host_id=None, start=bucket_floor(start, step), end=end, step=step, encoding="typed",
+                        rows_max=PAGE_ROWS_MAX)
+
+
+def warm_page_heatmap(now: datetime) -> bool:
+    """Compute the page's first heatmap for fleet admins into the cache, so the first admin to
+    open the page after the rollups advance does not wait for it (10,000 GPUs: about a second).
+    Called once rollups were written; False when there is no admin to compute it as."""
+    from django.contrib.auth import get_user_model
+
+    admin = get_user_model().objects.filter(is_active=True, is_superuser=True).order_by("pk").first()
+    if admin is None or not is_fleet_admin(admin):
+        return False
+    typed_answer(admin, page_default_query(now))
+    return True

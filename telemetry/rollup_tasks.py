@@ -16,8 +16,9 @@ import logging
 
 from celery import shared_task
 from celery.exceptions import SoftTimeLimitExceeded
+from django.utils import timezone
 
-from telemetry import partitions, retention, rollups
+from telemetry import heatmap, partitions, retention, rollups
 from telemetry.models import ROLLUP_STEPS_S
 
 logger = logging.getLogger(__name__)
@@ -35,7 +36,22 @@ def build_rollups(step_s: int | None = None) -> dict:
     except SoftTimeLimitExceeded:
         # The bucket in progress rolled back with its transaction; its checkpoint did not move.
         logger.warning("build_rollups hit its time limit after %s; the next run goes on", sorted(done))
+        return done
+    if any(series["rows"] for result in done.values() for series in result["series"]):
+        _warm_heatmap()
     return done
+
+
+def _warm_heatmap() -> None:
+    """The heatmap page's first view, computed now that the rollups moved (its cached answer was
+    just made stale), so admins opening the page get it at once. A failure here is logged: the
+    rollups are built and the page computes the heatmap itself."""
+    try:
+        heatmap.warm_page_heatmap(timezone.now())
+    except SoftTimeLimitExceeded:
+        logger.warning("build_rollups: no time left to warm the heatmap page")
+    except Exception:
+        logger.exception("build_rollups: warming the heatmap page failed")
 
 
 @shared_task(ignore_result=True, soft_time_limit=900, time_limit=960)

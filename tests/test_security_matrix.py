@@ -454,6 +454,9 @@ ROWS = [
         name="api/v1/heatmap/ hosts"),
     Row("api/v1/heatmap/", lambda w: f"/api/v1/heatmap/?group=host&fold=hour_of_week&{_range()}", API_SIGNED_IN,
         name="api/v1/heatmap/ host-week"),
+    # The typed answer is cached and compressed outside DRF's renderers: the same doors.
+    Row("api/v1/heatmap/", lambda w: f"/api/v1/heatmap/?encoding=typed&rows_max=2&{_range()}", API_SIGNED_IN,
+        name="api/v1/heatmap/ typed"),
     Row("api/v1/sizing/plan/", lambda w: "/api/v1/sizing/plan/", API_ADMIN_POST_ONLY,
         Unsafe("post", API_WRITE_ADMINS, lambda w: {})),
     # API: sizing

@@ -28,9 +28,10 @@ from config import parsing
 from dashboard.access import staff_required
 from dashboard.forms import RangeForm
 from fleet.models import Host
+from telemetry.heatmap import shared_end
 from telemetry.metrics import METRICS
 from telemetry.queries import agent_status_counts
-from telemetry.ranges import PRESET_LABELS, TimeRange
+from telemetry.ranges import PRESET_LABELS, PRESETS, TimeRange
 
 TEMPLATE = "telemetry/heatmap.html"
 
@@ -73,7 +74,8 @@ VIEWS = {view.key: view for view in (
         default_metric="util_gpu", default_range="24h", row_noun="GPUs",
         legend="Each cell: {metric} ({stat}) of one GPU over {step}.",
         reading="Rows sorted by host are grouped under their host, with a line between hosts. "
-                "Click a cell to open that GPU at that time.",
+                "Click a cell to open that GPU at that time. Past 200 GPUs, a row is a host (or a group of "
+                "GPUs) showing the highest value of its GPUs: click it to show them.",
     ),
     HeatmapView(
         key="vm", label="VM × time: frame buffer vs profile", group="vm", fold="none",
@@ -87,7 +89,8 @@ VIEWS = {view.key: view for view in (
         legend="Each cell: {metric} ({stat}) of one VM over {step}.",
         reading="Frame buffer used as a share of the VM's profile: rows that stay dark are over-provisioned "
                 "(a smaller profile would do); rows near the top of the scale are short of frame buffer. "
-                "Click a cell to open that VM at that time.",
+                "Click a cell to open that VM at that time. Past 200 VMs, a row is a host's VMs (or a group "
+                "of VMs) with the highest value of its VMs: click it to show them.",
     ),
     HeatmapView(
         key="host", label="Host × hour of week", group="host", fold="hour_of_week", metrics=_GPU_METRICS,
@@ -100,6 +103,12 @@ VIEWS = {view.key: view for view in (
     ),
 )}
 DEFAULT_VIEW = "gpu"
+
+
+def _chart_end(time_range: TimeRange) -> str:
+    """The end the chart asks the API for: a preset's, which ends now, up to the next 5-minute
+    boundary (`telemetry.heatmap.shared_end`: the same cells, one cached answer for everyone)."""
+    return time_range.iso(shared_end(time_range.end) if time_range.key in PRESETS else time_range.end)
 
 
 def _text(moment: datetime) -> str:
@@ -301,12 +310,13 @@ def heatmap_page(request):
         "metric": metric,
         "stat": stat,
         "start": time_range.start_iso,
-        "end": time_range.end_iso,
+        "end": _chart_end(time_range),
         "sort": sort,
         "fold": view.fold,
         "host": "" if host_id is None else str(host_id),
         "stat-label": STAT_LABELS[stat],
         "metric-label": metric_label,
+        "row-noun": view.row_noun,
         "tz": settings.TIME_ZONE,
     }
     context["api_url"] = context["chart"]["api-url"]

@@ -12,11 +12,15 @@ callers get 401.
 
 from __future__ import annotations
 
+import gzip
 from datetime import timedelta
 
+from django.http import HttpResponse
 from django.utils import timezone
+from django.utils.cache import patch_vary_headers
+from django.utils.regex_helper import _lazy_re_compile
 from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema, extend_schema_field
 from rest_framework import serializers
 from rest_framework.exceptions import ValidationError
 from rest_framework.renderers import BrowsableAPIRenderer, JSONRenderer
@@ -31,6 +35,7 @@ from telemetry.api.metrics import HOURLY, MAX_RANGE_DAYS, METRICS, STEP_LADDER, 
 from telemetry.heatmap import (
     DEFAULT_COLUMNS,
     DEFAULT_METRIC,
+    ENCODINGS,
     FOLDS,
     GROUP_METRICS,
     GROUPS,
@@ -42,8 +47,11 @@ from telemetry.heatmap import (
     build_heatmap,
     column_count,
     default_step,
+    typed_answer,
 )
 
+#: The most rows a window or a grouping may name (far above any fleet; keeps numbers sane).
+MAX_ROWS = 1_000_000
 _GROUP_NOUN = {"gpu": "GPU", "vm": "VM", "host": "host"}
 #: The range without `start` (the heatmap page's default range too).
 DEFAULT_RANGE = timedelta(hours=24)
@@ -90,6 +98,11 @@ def parse_heatmap_query(request: Request) -> HeatmapQuery:
         if host_id is None:
             errors["host"] = [f"No host with the id or name {host_raw!r} that you may see."]
 
+    encoding = _choice(params, "encoding", ENCODINGS, "json", errors)
+    rows_max = _positive(params, "rows_max", errors)
+    row_start = _positive(params, "row_start", errors, least=0) or 0
+    row_count = _positive(params, "row_count", errors)
+
     start, end = _parse_range(params, errors)
     step = None
     if start and end:
@@ -102,7 +115,20 @@ def parse_heatmap_query(request: Request) -> HeatmapQuery:
     if errors:
         raise ValidationError(errors)
     return HeatmapQuery(group=group, metric=metric, stat=stat, fold=fold, sort=sort, host_id=host_id,
-                        start=bucket_floor(start, step), end=end, step=step)
+                        start=bucket_floor(start, step), end=end, step=step, encoding=encoding,
+                        rows_max=rows_max, row_start=row_start, row_count=row_count)
+
+
+def _positive(params, name: str, errors: dict, least: int = 1) -> int | None:
+    """An optional whole number of at least `least` (None when absent)."""
+    raw = params.get(name, "").strip()
+    if not raw:
+        return None
+    try:
+        return parsing.parse_int(raw, minimum=least, maximum=MAX_ROWS)
+    except parsing.ParseError as exc:
+        errors[name] = [str(exc)]
+        return None
 
 
 def _parse_range(params, errors: dict) -> tuple:
@@ -158,6 +184,45 @@ class HeatmapRowSerializer(serializers.Serializer):
     mean = serializers.FloatField(allow_null=True, help_text="Mean of the row's cells that have data")
 
 
+_TYPED_MATRIX_SCHEMA = {
+    "type": "object",
+    "description": "Plotly's typed-array object plus what decodes it",
+    "properties": {
+        "dtype": {"type": "string", "description": '"u1": one unsigned byte a cell'},
+        "bdata": {"type": "string", "description": "The cells' codes in base64, row after row"},
+        "shape": {"type": "string", "description": '"rows, columns"'},
+        "offset": {"type": "number", "description": "Value of code 0 (zmin)"},
+        "step": {"type": "number", "description": "Value between two codes: (zmax - zmin) / 254"},
+        "null": {"type": "integer", "description": "The code of a cell without data: 255"},
+        "precision": {"type": "number",
+                      "description": "Half a step: how far a decoded value may be from the exact one"},
+    },
+    "required": ["dtype", "bdata", "shape", "offset", "step", "null", "precision"],
+}
+
+
+@extend_schema_field({
+    "oneOf": [
+        {"type": "array", "items": {"type": "array", "items": {"type": "number", "nullable": True}}},
+        _TYPED_MATRIX_SCHEMA,
+    ],
+    "description": "json encoding: one list per row, one value per column, null where there is no data. "
+                   "typed encoding: one byte a cell; value = offset + code * step, `null` (255) where there is no "
+                   "data",
+})
+class MatrixField(serializers.JSONField):
+    pass
+
+
+class HeatmapGroupSerializer(serializers.Serializer):
+    label = serializers.CharField(help_text='As in `y`: "host (n GPUs)" or "first row – last row (n GPUs)"')
+    row_start = serializers.IntegerField(help_text="Its rows' window: pass as `row_start` to read them")
+    row_count = serializers.IntegerField(help_text="... and as `row_count`")
+    hosts = serializers.IntegerField(help_text="Hosts its rows are on")
+    peak = serializers.FloatField(allow_null=True, help_text="Highest peak of its rows")
+    mean = serializers.FloatField(allow_null=True, help_text="Mean of its rows' means")
+
+
 class HeatmapSerializer(serializers.Serializer):
     group = serializers.ChoiceField(GROUPS)
     metric = serializers.ChoiceField(list(METRICS))
@@ -172,11 +237,17 @@ class HeatmapSerializer(serializers.Serializer):
     x = serializers.ListField(child=serializers.CharField(),
                               help_text='Column labels: bucket starts (ISO 8601, UTC), or "Mon 00:00" ... '
                                         '"Sun 23:00" for an hour_of_week fold')
-    y = serializers.ListField(child=serializers.CharField(), help_text="Row labels (unique)")
-    ids = serializers.ListField(child=serializers.IntegerField(), help_text="Row ids, aligned with `y`")
-    rows = HeatmapRowSerializer(many=True, help_text="Details of each row, aligned with `y`")
-    z = serializers.ListField(child=serializers.ListField(child=serializers.FloatField(allow_null=True)),
-                              help_text="One list per row, one value per column; null where there is no data")
+    y = serializers.ListField(child=serializers.CharField(), help_text="Row labels (unique); group labels when grouped")
+    ids = serializers.ListField(child=serializers.IntegerField(),
+                                help_text="Row ids, aligned with `y` (empty when grouped)")
+    rows = HeatmapRowSerializer(many=True, help_text="Details of each row, aligned with `y` (empty when grouped)")
+    z = MatrixField()
+    encoding = serializers.ChoiceField(ENCODINGS, help_text="The encoding of `z`")
+    total_rows = serializers.IntegerField(help_text="Rows in scope, before any window or grouping")
+    row_start = serializers.IntegerField(help_text="The first row of the window (0: from the first)")
+    groups = HeatmapGroupSerializer(many=True, allow_null=True,
+                                    help_text="With `rows_max` and more rows than that: the groups, aligned with "
+                                              "`y`; else null")
     zmin = serializers.FloatField(allow_null=True, help_text="0 for % metrics, else the lowest cell")
     zmax = serializers.FloatField(allow_null=True, help_text="100 for % metrics, else the highest cell")
 
@@ -193,6 +264,10 @@ class HeatmapErrorSerializer(serializers.Serializer):
     start = serializers.ListField(child=serializers.CharField(), required=False)
     end = serializers.ListField(child=serializers.CharField(), required=False)
     step = serializers.ListField(child=serializers.CharField(), required=False)
+    encoding = serializers.ListField(child=serializers.CharField(), required=False)
+    rows_max = serializers.ListField(child=serializers.CharField(), required=False)
+    row_start = serializers.ListField(child=serializers.CharField(), required=False)
+    row_count = serializers.ListField(child=serializers.CharField(), required=False)
 
 
 _PARAMETERS = [
@@ -225,6 +300,20 @@ _PARAMETERS = [
                      description="host (default: grouped by host name, then PCI bus id / VM name), peak (highest "
                                  "row maximum first) or mean (highest row mean first); rows without data last"),
     OpenApiParameter("host", OpenApiTypes.STR, description="Only the rows of this host: its id or its name"),
+    OpenApiParameter("encoding", OpenApiTypes.STR, enum=list(ENCODINGS),
+                     description="json (default): `z` as lists of numbers. typed: `z` as one byte a cell in base64 "
+                                 "(Plotly's typed-array object: dtype u1, bdata, shape), quantised to 255 levels "
+                                 "from zmin to zmax: value = offset + code * step, code 255 = no data, each value "
+                                 "within `precision` (half a step) of the json one. The typed answer is gzipped "
+                                 "for clients that accept it and reused until the rollups or the inventory change"),
+    OpenApiParameter("rows_max", OpenApiTypes.INT,
+                     description="With more rows than this (after the window), consecutive rows in the sort order "
+                                 "are grouped into at most this many: one group a host with sort=host when the "
+                                 "hosts fit, else groups of equal size; each cell the highest of its rows' cells; "
+                                 "`groups` gives each group's window for the drill-down"),
+    OpenApiParameter("row_start", OpenApiTypes.INT,
+                     description="A window of the sorted rows: the first (0-based; default 0)"),
+    OpenApiParameter("row_count", OpenApiTypes.INT, description="... and how many (default: all after row_start)"),
 ]
 
 
@@ -264,5 +353,32 @@ class HeatmapView(APIView):
         responses={200: HeatmapSerializer,
                    400: OpenApiResponse(HeatmapErrorSerializer, description="A missing or invalid parameter")},
     )
-    def get(self, request: Request) -> Response:
-        return Response(build_heatmap(request.user, parse_heatmap_query(request)))
+    def get(self, request: Request) -> Response | HttpResponse:
+        query = parse_heatmap_query(request)
+        if query.encoding != "typed":
+            return Response(build_heatmap(request.user, query))
+        return typed_response(request, query)
+
+
+# The typed answer ----------------------------------------------------------------------------
+
+_ACCEPTS_GZIP = _lazy_re_compile(r"\bgzip\b")
+
+
+def typed_response(request: Request, query: HeatmapQuery) -> HttpResponse:
+    """The typed answer, gzipped for clients that accept it.
+
+    Compressed here and not by a site-wide GZipMiddleware: compressing a response that carries a
+    secret (a CSRF token in a page) next to text an attacker can inject lets them guess the
+    secret from the sizes (BREACH). This answer carries no secret (row labels, ids and numbers
+    read from the rollups; the query string is not echoed), so compressing it is safe; the
+    pages and the other API answers stay as they are.
+    """
+    body = typed_answer(request.user, query)
+    if _ACCEPTS_GZIP.search(request.META.get("HTTP_ACCEPT_ENCODING", "")):
+        response = HttpResponse(body, content_type="application/json")
+        response["Content-Encoding"] = "gzip"
+    else:
+        response = HttpResponse(gzip.decompress(body), content_type="application/json")
+    patch_vary_headers(response, ("Accept-Encoding",))
+    return response

@@ -1,16 +1,24 @@
 """`heatmap/`: one row per GPU, VM or host in scope (silent ones as nulls), cells merged from the
 rollups as the metrics API merges them, host rows combining their GPUs, the sorts, the
 hour-of-week fold in the studio's time zone, role scoping, a 400 naming each bad parameter,
-and a query count that does not grow with the fleet."""
+a query count that does not grow with the fleet, the typed encoding (the same values within
+its step, gzipped, fresh after new rollups) and rows grouped with a drill-down window."""
 
+import gzip
+import json
 import re
 from datetime import UTC, datetime, timedelta
 
 import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 
 from fleet import services
 from fleet.tests.factories import GpuFactory, HostFactory, VirtualMachineFactory, gpu_model, profile
+from telemetry.heatmap import page_default_query
+from telemetry.heatmap_codec import decode
 from telemetry.models import GpuRollup, VmRollup
+from telemetry.rollup_tasks import build_rollups as build_rollups_task
 from telemetry.rollups import build_rollups
 from telemetry.tests.rollup_world import L40S, T0, at, gpu_samples, studio
 
@@ -390,6 +398,10 @@ def test_anonymous_gets_401(api, world):
     ({"step": "abc"}, "step", "whole number"),
     ({"step": "300", "end": "2026-03-12T10:00:00Z"}, "step", "2,000"),
     ({"fold": "hour_of_week", "step": "300"}, "step", "hourly"),
+    ({"encoding": "msgpack"}, "encoding", "json, typed"),
+    ({"rows_max": "0"}, "rows_max", "from 1"),
+    ({"row_start": "-1"}, "row_start", "from 0"),
+    ({"row_count": "many"}, "row_count", "whole number"),
 ])
 def test_bad_parameters_are_400_naming_them(admin_api, world, params, field, words):
     query = {"start": T0.isoformat(), "end": at(3600).isoformat(), **params}
@@ -487,8 +499,195 @@ def test_schema_documents_the_heatmap(admin_api, db):
     operation = schema["paths"]["/api/v1/heatmap/"]["get"]
     assert {p["name"]: p.get("required", False) for p in operation["parameters"]} == {
         "group": False, "metric": False, "stat": False, "start": False, "end": False, "step": False,
-        "fold": False, "sort": False, "host": False,
+        "fold": False, "sort": False, "host": False, "encoding": False, "rows_max": False, "row_start": False,
+        "row_count": False,
     }
     assert set(operation["responses"]) == {"200", "400"}
     properties = schema["components"]["schemas"]["Heatmap"]["properties"]
-    assert {"x", "y", "z", "ids", "rows", "zmin", "zmax"} <= set(properties)
+    assert {"x", "y", "z", "ids", "rows", "zmin", "zmax", "encoding", "groups", "total_rows"} <= set(properties)
+    assert [variant.get("type") for variant in properties["z"]["oneOf"]] == ["array", "object"]
+
+
+# Typed encoding ----------------------------------------------------------------------------
+
+
+def typed(client, start=T0, end=None, **params):
+    """The typed answer, as the page's fetch gets it (gzip accepted), and its decoded rows."""
+    response = client.get(URL, {"start": start.isoformat(), "end": (end or start + timedelta(hours=1)).isoformat(),
+                                "encoding": "typed", **params}, HTTP_ACCEPT_ENCODING="gzip, deflate, br")
+    assert response.status_code == 200, response.content
+    assert response["Content-Encoding"] == "gzip"
+    body = json.loads(gzip.decompress(response.content))
+    return body, decode(body["z"])
+
+
+def assert_same_within_step(exact: list[list], body: dict, decoded: list[list]) -> None:
+    step = body["z"]["step"]
+    assert body["z"]["precision"] == pytest.approx(step / 2)
+    assert len(decoded) == len(exact)
+    for exact_row, decoded_row in zip(exact, decoded, strict=True):
+        assert [v is None for v in decoded_row] == [v is None for v in exact_row], "gaps stay gaps"
+        for want, got in zip(exact_row, decoded_row, strict=True):
+            if want is not None:
+                assert abs(got - want) <= step / 2 + 1e-9, (want, got, step)
+
+
+@pytest.mark.parametrize("params", [
+    {}, {"metric": "fb_used_mib"}, {"metric": "fb_used_pct", "stat": "max"}, {"step": "900"},
+    {"group": "host"}, {"group": "host", "fold": "hour_of_week", "end": T0 + timedelta(days=7)},
+    {"group": "vm"}, {"sort": "peak"},
+])
+def test_typed_heatmap_decodes_to_the_json_values_within_the_quantisation_step(admin_api, world, params):
+    gpu_rollups(world.gpu_1, [(30, 0.0, 20.0, 19.0), (30, 33.3, 40.0, 39.0), (30, 99.99, 100.0, 100.0)])
+    gpu_rollups(world.gpu_1, [(30, 12.34, 50.0, 45.0)], start=at(1500))  # a gap inside the row
+    gpu_rollups(world.gpu_2, [(10, 61.7, 70.0, 65.0)], start=at(900))
+    GpuRollup.objects.create(gpu=world.gpu_2, step_s=300, bucket=at(1200), samples=50)  # without the reading
+    gpu_rollups(world.gpu_2, [(10, 5.0, 7.0, 6.0)], start=at(1500))
+    gpu_rollups(world.gpu_1, [(360, 42.42, 80.0, 70.0)], step_s=3600)
+    vm_rollups(world.vm_ana, [6144.0, 12000.0, 24576.0])
+    params = {"end": at(3600), **params}
+
+    exact = heatmap(admin_api, **params)
+    body, decoded = typed(admin_api, **params)
+
+    assert body["encoding"] == "typed"
+    assert body["z"]["dtype"] == "u1"
+    assert body["z"]["shape"] == f"{len(exact['y'])}, {len(exact['x'])}"
+    assert {k: v for k, v in body.items() if k not in ("z", "encoding")} == \
+        {k: v for k, v in exact.items() if k not in ("z", "encoding")}
+    assert_same_within_step(exact["z"], body, decoded)
+    assert any(v is not None for row in decoded for v in row)
+
+
+def test_typed_percent_scale_keeps_its_ends_and_a_fifth_of_a_point(admin_api, world):
+    gpu_rollups(world.gpu_1, [(30, 0.0, 0.0, 0.0), (30, 100.0, 100.0, 100.0), (30, 50.0, 50.0, 50.0)])
+
+    body, decoded = typed(admin_api)
+
+    assert (body["z"]["offset"], body["z"]["null"]) == (0.0, 255)
+    assert body["z"]["precision"] < 0.2
+    assert decoded[0][:3] == [0.0, 100.0, pytest.approx(50.0, abs=0.2)]
+    assert decoded[2] == [None] * 12
+
+
+def test_typed_answer_is_plain_json_without_gzip_and_says_it_varies(admin_api, world):
+    gpu_rollups(world.gpu_1, [(30, 10.0, 20.0, 19.0)])
+
+    response = admin_api.get(URL, {"start": T0.isoformat(), "end": at(600).isoformat(), "encoding": "typed"})
+
+    assert response.status_code == 200
+    assert not response.has_header("Content-Encoding")
+    assert "Accept-Encoding" in response["Vary"]
+    assert decode(response.json()["z"])[0][0] == pytest.approx(10.0, abs=0.2)
+
+
+def test_json_answer_is_not_compressed(admin_api, world):
+    response = admin_api.get(URL, {"start": T0.isoformat(), "end": at(600).isoformat()},
+                             HTTP_ACCEPT_ENCODING="gzip")
+
+    assert not response.has_header("Content-Encoding")
+    assert response.json()["encoding"] == "json"
+
+
+def test_typed_answer_shows_rollups_built_after_it_was_first_served(admin_api, world):
+    before, _ = typed(admin_api)
+    gpu_rollups(world.gpu_1, [(30, 70.0, 80.0, 75.0)])
+    world.gpu_2.host.name = "render-01b"
+    world.gpu_2.host.save()
+
+    after, decoded = typed(admin_api)
+
+    assert before["rows"][0]["peak"] is None
+    assert after["rows"][0]["peak"] == 70.0
+    assert decoded[0][0] == pytest.approx(70.0, abs=0.2)
+    assert "render-01b · 00000000:5E:00.0" in after["y"], "a renamed host shows at once"
+
+
+def test_typed_answers_are_per_scope(artist_api, admin_api, world):
+    artist, _ = typed(artist_api, group="vm")
+    admin, _ = typed(admin_api, group="vm")
+
+    assert artist["y"] == ["ws-ana"]
+    assert len(admin["y"]) > 1
+
+
+def test_once_rollups_are_built_the_pages_first_heatmap_is_ready_for_every_admin(
+        admin_api, admin_user, world, time_machine):
+    now = at(1800 + 42)
+    time_machine.move_to(now, tick=False)
+    gpu_samples(world.gpu_1, at(600), 30, util_gpu=64.0)  # the 10:10 bucket
+
+    build_rollups_task.apply().get()
+    query = page_default_query(now)
+    with CaptureQueriesContext(connection) as queries:
+        body, decoded = typed(admin_api, start=now - timedelta(hours=24), end=query.end, rows_max=200)
+
+    assert not [q for q in queries.captured_queries if "telemetry_gpurollup" in q["sql"]], "served from the cache"
+    assert body["end"] == "2026-03-02T10:35:00Z", "the next 5-minute boundary, as the page asks"
+    assert decoded[0][body["x"].index("2026-03-02T10:10:00Z")] == pytest.approx(64.0, abs=0.2)
+
+
+# Groups and windows ------------------------------------------------------------------------
+
+
+def test_rows_past_rows_max_are_grouped_with_the_hottest_cell_and_a_window_to_drill_into(admin_api, world):
+    _add_gpus(5)  # node-00 ... node-04, one GPU each: util 10 + i in the first bucket
+    gpu_rollups(world.gpu_1, [(30, 95.0, 99.0, 98.0)], start=at(300))
+
+    full = heatmap(admin_api)
+    grouped = heatmap(admin_api, rows_max=3)
+
+    assert full["total_rows"] == grouped["total_rows"] == 8
+    assert full["groups"] is None
+    assert len(grouped["y"]) == 3
+    assert (grouped["ids"], grouped["rows"]) == ([], [])
+    assert [(g["row_start"], g["row_count"]) for g in grouped["groups"]] == [(0, 3), (3, 3), (6, 2)]
+    assert grouped["y"][0] == f"{full['y'][0]} – {full['y'][2]} (3 GPUs)"
+    for group, cells in zip(grouped["groups"], grouped["z"], strict=True):
+        members = full["z"][group["row_start"]:group["row_start"] + group["row_count"]]
+        hottest = [max((v for v in column if v is not None), default=None) for column in zip(*members, strict=True)]
+        assert cells == hottest
+        assert group["peak"] == max((r["peak"] for r in full["rows"][group["row_start"]:][:group["row_count"]]
+                                     if r["peak"] is not None), default=None)
+    assert 95.0 in [v for row in grouped["z"] for v in row], "the hot GPU shows in its group"
+
+    drill = grouped["groups"][1]
+    window = heatmap(admin_api, row_start=drill["row_start"], row_count=drill["row_count"])
+    assert window["ids"] == full["ids"][3:6]
+    assert window["z"] == full["z"][3:6]
+    assert (window["row_start"], window["total_rows"], window["groups"]) == (3, 8, None)
+
+
+def test_rows_sorted_by_host_are_grouped_a_host_a_group_when_the_hosts_fit(admin_api, world):
+    _add_gpus(3)  # three hosts of one GPU (node-..); render-01 has two GPUs, render-02 one
+    gpu_rollups(world.gpu_2, [(30, 80.0, 90.0, 85.0)])
+    gpu_rollups(world.gpu_1, [(30, 20.0, 30.0, 25.0)], start=at(300))
+
+    full = heatmap(admin_api)
+    grouped = heatmap(admin_api, rows_max=5)
+
+    assert [label.split(" · ")[0] for label in full["y"]] == ["node-02", "node-03", "node-04", "render-01",
+                                                               "render-01", "render-02"]
+    assert grouped["y"] == [*full["y"][:3], "render-01 (2 GPUs)", full["y"][5]]
+    render_01 = grouped["groups"][3]
+    assert (render_01["row_start"], render_01["row_count"], render_01["hosts"]) == (3, 2, 1)
+    assert grouped["z"][3][:3] == [80.0, 20.0, None]
+    assert heatmap(admin_api, rows_max=4)["y"][0].endswith("(2 GPUs)"), "more hosts than groups: equal sizes"
+
+
+def test_rows_that_fit_rows_max_are_not_grouped(admin_api, world):
+    body = heatmap(admin_api, rows_max=3)
+
+    assert body["groups"] is None
+    assert len(body["ids"]) == 3
+
+
+def test_grouped_typed_heatmap_decodes_to_the_grouped_json(admin_api, world):
+    _add_gpus(4)
+    gpu_rollups(world.gpu_2, [(30, 55.5, 60.0, 58.0)], start=at(600))
+
+    exact = heatmap(admin_api, rows_max=2, sort="peak")
+    body, decoded = typed(admin_api, rows_max=2, sort="peak")
+
+    assert body["groups"] == exact["groups"]
+    assert_same_within_step(exact["z"], body, decoded)

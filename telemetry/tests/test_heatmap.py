@@ -14,6 +14,7 @@ from telemetry.heatmap import (
     hour_of_week,
     hour_of_week_labels,
 )
+from telemetry.heatmap_codec import decode, encode_row, group_cells, group_codes, group_windows, typed_matrix
 
 MONDAY = datetime(2026, 3, 2, tzinfo=UTC)
 PARIS = ZoneInfo("Europe/Paris")
@@ -72,3 +73,40 @@ def test_json_rows_read_as_lists_and_join_as_one_matrix():
     assert rows[:] == [[1.5, None], [None, 2]]
     assert rows.tolist() == [[1.5, None], [None, 2]]
     assert rows.json() == "[[1.5, null],[null, 2]]"
+
+
+# The typed encoding and groups (telemetry.heatmap_codec) ---------------------------------------
+
+
+def test_typed_matrix_round_trips_within_half_a_step():
+    rows = [[0.0, 12.345, None, 100.0], [None, None, None, None], [99.9, 0.1, 50.0, 33.3]]
+
+    z = typed_matrix([encode_row(row, 0.0, 100 / 254) for row in rows], 4, 0, 100)
+    decoded = decode(z)
+
+    assert (z["dtype"], z["shape"], z["null"]) == ("u1", "3, 4", 255)
+    assert decoded[1] == [None] * 4
+    assert (decoded[0][0], decoded[0][3]) == (0.0, 100.0)
+    for exact, got in zip(sum(rows, []), sum(decoded, []), strict=True):
+        assert (exact is None) == (got is None)
+        if exact is not None:
+            assert abs(exact - got) <= z["precision"] + 1e-12
+
+
+def test_a_flat_or_empty_scale_still_decodes():
+    assert decode(typed_matrix([encode_row([7.5, None, 7.5], 7.5, 1.0)], 3, 7.5, 7.5)) == [[7.5, None, 7.5]]
+    assert decode(typed_matrix([encode_row([None], 0.0, 1.0)], 1, None, None)) == [[None]]
+
+
+@pytest.mark.parametrize(("rows", "rows_max", "windows"), [
+    (3, 5, [(0, 1), (1, 1), (2, 1)]),
+    (10, 3, [(0, 4), (4, 4), (8, 2)]),
+    (10_000, 200, [(i * 50, 50) for i in range(200)]),
+])
+def test_group_windows_cover_every_row_in_at_most_rows_max_groups(rows, rows_max, windows):
+    assert group_windows(rows, rows_max) == windows
+
+
+def test_group_cells_are_the_hottest_member_in_values_and_in_codes():
+    assert group_cells([[1.0, None, 3.0], [2.0, None, None]]) == [2.0, None, 3.0]
+    assert group_codes([bytes([1, 255, 3, 0]), bytes([2, 255, 255, 254])]) == bytes([2, 255, 3, 254])
