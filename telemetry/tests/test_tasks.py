@@ -125,10 +125,13 @@ def test_migrate_creates_the_poll_agents_schedule(settings):
     assert 0 < periodic.expire_seconds < periodic.interval.every
 
 
-@pytest.mark.parametrize(("name", "every_s"), [("build_rollups", 60), ("prune_samples", 3600)])
+@pytest.mark.parametrize(("name", "every_s"), [("build_rollups", 60), ("prune_samples", 3600),
+                                               ("create_sample_partitions", 3600)])
 def test_migrate_schedules_rollups_and_retention(name, every_s):
-    """Without these beat entries charts stay empty and raw samples grow without bound."""
+    """Without these beat entries charts stay empty, raw samples grow without bound and, on
+    PostgreSQL, every sample lands in the default partition that retention cannot drop."""
     periodic = PeriodicTask.objects.get(name=name)
+    celery_app.loader.import_default_modules()  # what a worker loads as it starts (CELERY_IMPORTS)
     assert periodic.task in celery_app.tasks
     assert periodic.enabled
     assert periodic.interval.every == every_s
