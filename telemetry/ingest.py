@@ -40,7 +40,15 @@ and the nvidia-smi push API both call it with validated `Report`s. Rules, and wh
   no later report could show it to be over). Each row discovery creates or changes is in the
   audit log, by the agent that reported it (source "agent"), written in one statement; a batch
   that discovers nothing writes no event and costs no query for it.
-- vGPUs map to VMs by VM UUID, then by name. An unknown VM gets an `unknown_vm` drift and no
+- vGPUs map to VMs by VM UUID when the reading carries one, and then by that alone: a reading
+  whose VM UUID matches no inventory VM but whose VM name does is a `vm_uuid_mismatch` drift
+  and stores nothing (a clone, a rebuilt VM or another VM given that name would otherwise
+  feed that VM's series and its right-sizing). A reading carrying no VM UUID maps by name,
+  because its source cannot know the UUID: inside a guest the VM's own UUID is not visible
+  (`payload.split_guest_vgpus`, in-guest pushes), and ESXi and Xen give NVML and nvidia-smi a
+  domain id, which names no VM (`sources.nvidia_smi`, the agent's `vm_id_type`). Such a
+  reading still passes the scope rules below (the VM must be placed on the agent's host, or
+  be the agent's own VM), which bounds what a name can reach. An unknown VM gets an `unknown_vm` drift and no
   sample (a sample needs its VM). A VM placed on the agent's host with no vGPU declared on
   that GPU gets a `vgpu_missing` drift and its sample is stored without a vGPU; a type other
   than the declared profile gets a `profile` drift. A guest VM's own reading
@@ -141,6 +149,7 @@ PLACEHOLDER_RAM_GIB = 1
 # attempt to write outside the token's scope: an admin resolves those, see the module doc).
 SELF_RESOLVING = frozenset({
     DriftKind.GPU_ELSEWHERE, DriftKind.GPU_MODEL, DriftKind.UNKNOWN_VM, DriftKind.VGPU_MISSING, DriftKind.PROFILE,
+    DriftKind.VM_UUID_MISMATCH,
 })
 MAX_SUBJECT = Drift._meta.get_field("subject").max_length
 
@@ -492,9 +501,26 @@ class _Batch:
         return self.hosts_by_key.get(name) or self.hosts_by_key.get(name.split(".", 1)[0])
 
     def _vm(self, reading: VgpuReading) -> _VmRow | None:
-        vm_uuid = self.vm_uuid_of.get(reading.vm_uuid) if reading.vm_uuid else None
-        vm = self.vms_by_uuid.get(vm_uuid) if vm_uuid else None
-        return vm or (self.vms_by_name.get(reading.vm_name) if reading.vm_name else None)
+        """The inventory VM a vGPU reading is for: by its VM UUID when it carries one (and then by
+        that alone), by name only when it carries none (see the module docstring)."""
+        if reading.vm_uuid:
+            vm_uuid = self.vm_uuid_of.get(reading.vm_uuid)
+            return self.vms_by_uuid.get(vm_uuid) if vm_uuid else None
+        return self.vms_by_name.get(reading.vm_name) if reading.vm_name else None
+
+    def _uuid_mismatch(self, agent: Agent, reading: VgpuReading, where: str) -> bool:
+        """Whether a reading that matched no VM by its UUID names an inventory VM (then a
+        `vm_uuid_mismatch` drift is opened and nothing of the reading is stored)."""
+        vm = self.vms_by_name.get(reading.vm_name) if reading.vm_uuid and reading.vm_name else None
+        if vm is None:
+            return False
+        self.drift(agent, DriftKind.VM_UUID_MISMATCH, reading.vm_uuid,
+                   f"A {reading.type_name or 'vGPU'} {where} runs for VM UUID {reading.vm_uuid} named "
+                   f"{reading.vm_name}; the inventory's VM {vm.name} has UUID {vm.uuid}. Not stored: a name alone "
+                   f"does not say it is the same VM (a clone, a rebuilt VM, another VM given that name), and "
+                   f"another VM's usage must not feed {vm.name}'s right-sizing. If it is the same VM, correct its "
+                   f"UUID in the inventory.", asdict(reading))
+        return True
 
     def drift(self, agent: Agent, kind: str, subject: str, detail: str, reported: dict) -> None:
         self.found[(kind, subject[:MAX_SUBJECT])] = (agent, detail, reported)
@@ -776,6 +802,8 @@ class _Batch:
                        {"hostname": report.hostname, "uuids": uuids[:16]})
         for reading in report.guest_vgpus:
             vm = self._vm(reading)
+            if vm is None and self._uuid_mismatch(agent, reading, f"reported by {agent.name}"):
+                continue
             if vm is None or vm.pk != agent.vm_id:
                 self.stats.out_of_scope += 1
                 named = f"VM {vm.name}" if vm else f"{reading.vm_name or 'no VM'} (not in the inventory)"
@@ -796,6 +824,8 @@ class _Batch:
     def _host_vgpu(self, agent: Agent, gpu: Gpu, reading: VgpuReading, ts: datetime) -> None:
         vm = self._vm(reading)
         if vm is None:
+            if self._uuid_mismatch(agent, reading, f"on GPU {gpu.uuid} ({gpu.host.name})"):
+                return
             who = reading.vm_name or reading.vm_uuid or "with no name or UUID reported"
             self.drift(agent, DriftKind.UNKNOWN_VM, reading.vm_uuid or reading.vm_name or reading.vgpu_uuid
                        or f"{reading.type_name} on {gpu.uuid}",
@@ -837,6 +867,8 @@ class _Batch:
     def _guest_vgpu(self, agent: Agent, report: Report, reading: VgpuReading, ts: datetime) -> None:
         vm = self._vm(reading)
         if vm is None:
+            if self._uuid_mismatch(agent, reading, f"reported by {report.hostname or agent.name}"):
+                return
             self.drift(agent, DriftKind.UNKNOWN_VM, reading.vm_name or reading.vgpu_uuid or agent.name,
                        f"Guest {reading.vm_name or agent.name} reports a {reading.type_name or 'vGPU'}, but the "
                        f"inventory has no VM of that name; no samples are stored for it.", asdict(reading))

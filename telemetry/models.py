@@ -294,6 +294,7 @@ class DriftKind(models.TextChoices):
     VGPU_MISSING = "vgpu_missing", "vGPU running that the inventory does not declare"
     PROFILE = "profile", "vGPU type differs from the declared profile"
     OUT_OF_SCOPE = "out_of_scope", "Reading of a VM or GPU outside the agent's host or VM (not stored)"
+    VM_UUID_MISMATCH = "vm_uuid_mismatch", "vGPU of an unknown VM UUID named like an inventory VM (not stored)"
 
 
 class Drift(models.Model):

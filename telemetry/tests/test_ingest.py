@@ -387,6 +387,42 @@ def test_vm_found_by_name_where_the_hypervisor_gives_no_uuid(world):
     assert not Drift.objects.exists()
 
 
+def test_a_vm_uuid_the_inventory_does_not_know_is_not_mapped_by_its_name(world):
+    # A clone or a rebuilt VM under the name of an inventory VM: its usage must not feed that VM's series.
+    clone = vgpu_reading(STRAY_VM, "ws-lighting-01", fb_used_mib=512)
+
+    stats = store_reports([(world.agent, report("render-01", [gpu_reading(world.gpu.uuid, vgpus=[clone])]))],
+                          received_at=T0)
+
+    assert (stats.gpu_samples, stats.vgpu_samples, stats.drifts) == (1, 0, 1)
+    assert not VgpuSample.objects.exists()
+    assert _open(DriftKind.UNKNOWN_VM) == []
+    (drift,) = _open(DriftKind.VM_UUID_MISMATCH)
+    assert drift.subject == STRAY_VM
+    assert drift.agent == world.agent
+    assert drift.detail.startswith(
+        f"A NVIDIA L40S-12Q on GPU {world.gpu.uuid} (render-01) runs for VM UUID {STRAY_VM} named ws-lighting-01; "
+        f"the inventory's VM ws-lighting-01 has UUID {world.lighting.uuid}. Not stored")
+    assert drift.reported["vm_uuid"] == STRAY_VM
+
+    # The VM's own reading maps, and the difference, no longer reported, is over.
+    store_reports([(world.agent, report("render-01", [gpu_reading(world.gpu.uuid, vgpus=[_lighting_reading(world)])],
+                                        T0 + 10))], received_at=T0 + 10)
+    assert VgpuSample.objects.get().vm == world.lighting
+    assert _open(DriftKind.VM_UUID_MISMATCH) == []
+
+
+def test_a_mismatched_reading_costs_only_itself(world):
+    clone = vgpu_reading(STRAY_VM, "ws-lighting-01")
+    layout = vgpu_reading(str(world.layout.uuid), "ws-layout-02", type_name="NVIDIA L40S-4Q")
+    gpus = [gpu_reading(world.gpu.uuid, vgpus=[clone]), gpu_reading(world.gpu_2.uuid, vgpus=[layout])]
+
+    stats = store_reports([(world.agent, report("render-01", gpus))], received_at=T0)
+
+    assert (stats.gpu_samples, stats.vgpu_samples) == (2, 1)
+    assert VgpuSample.objects.get().vm == world.layout
+
+
 def test_vgpu_the_inventory_does_not_declare_is_stored_without_a_vgpu(world):
     # ws-layout-02 is placed on render-01's second GPU: running on the first, it is still this host's VM.
     running = vgpu_reading(str(world.layout.uuid), "ws-layout-02", type_name="GRID L40S-4Q")
