@@ -260,6 +260,10 @@ class VmRollup(RollupFields):
     id = models.BigAutoField(primary_key=True)
     vm = models.ForeignKey(VirtualMachine, on_delete=models.CASCADE, related_name="rollups")
     profile_fb_mib = models.FloatField(null=True, help_text="Frame buffer the VM's profiles gave it then")
+    partial = models.BooleanField(
+        default=False,
+        help_text="Some reading in the bucket lacked one of the VM's vGPUs: its frame buffer is understated, and "
+                  "right-sizing leaves the bucket out")
 
     class Meta:
         ordering = ["vm_id", "step_s", "bucket"]
