@@ -240,13 +240,21 @@ def stored_rows() -> tuple[int, int]:
 # -- real path ------------------------------------------------------------------------------------
 
 
-def real_worker(ids: list[int], seconds: float, batch: int, queue) -> None:
-    """Poll `ids` through collect.poll_batch for `seconds`; each agent at most once a second."""
+def real_worker(ids: list[int], seconds: float, batch: int, queue, profile: str = "") -> None:
+    """Poll `ids` through collect.poll_batch for `seconds`; each agent at most once a second.
+    With `profile`, the polls run under cProfile (the calling thread: the fetch threads show as
+    the time spent waiting on them) and the stats are written to that file."""
     import django
 
     django.setup()
     _raise_fd_limit()
     from telemetry import collect
+
+    if profile:
+        import cProfile
+
+        profiler = cProfile.Profile()
+        profiler.enable()
 
     polls = ok = gpu_rows = vgpu_rows = passes = bound = 0
     errors: dict[str, str] = {}
@@ -269,11 +277,14 @@ def real_worker(ids: list[int], seconds: float, batch: int, queue) -> None:
             vgpu_rows += result.vgpu_samples
             errors.update(result.errors)
         passes += 1
+    if profile:
+        profiler.disable()
+        profiler.dump_stats(profile)
     queue.put({"polls": polls, "ok": ok, "gpu_rows": gpu_rows, "vgpu_rows": vgpu_rows, "passes": passes,
                "bound": bound, "elapsed": time.monotonic() - started, "errors": dict(list(errors.items())[:3])})
 
 
-def run_real(spec: list[dict], seconds: float, procs: int, batch: int) -> dict:
+def run_real(spec: list[dict], seconds: float, procs: int, batch: int, profile: str = "") -> dict:
     from django.db import connection
 
     clear_samples()
@@ -282,7 +293,8 @@ def run_real(spec: list[dict], seconds: float, procs: int, batch: int) -> dict:
     ids = [agent["id"] for agent in spec]
     queue = multiprocessing.Queue()
     shares = [ids[i::procs] for i in range(procs)]
-    workers = [multiprocessing.Process(target=real_worker, args=(share, seconds, batch, queue)) for share in shares]
+    workers = [multiprocessing.Process(target=real_worker, args=(share, seconds, batch, queue, profile))
+               for share in shares]
     for worker in workers:
         worker.start()
     results = [queue.get() for _ in workers]
@@ -402,6 +414,9 @@ def main() -> int:
     parser.add_argument("--base-port", type=int, default=20000)
     parser.add_argument("--health", action="store_true",
                         help="agents report the health fields of issue 19 (driver, GPU health, vGPU licence)")
+    parser.add_argument("--profile", metavar="FILE", default="",
+                        help="run the 1-process phase under cProfile, write its stats to FILE and print the top "
+                             "entries (the phase's figure is then not comparable)")
     args = parser.parse_args()
     _raise_fd_limit()
 
@@ -424,7 +439,13 @@ def main() -> int:
           f"{args.agents} agents x {GPUS_PER_HOST} GPUs x {VGPUS_PER_GPU} vGPUs "
           f"({GPUS_PER_HOST * (1 + VGPUS_PER_GPU)} rows a poll), {args.seconds:g} s a phase, batches of {args.batch}")
     try:
-        real_1 = report("real path, 1 process", run_real(spec, args.seconds, 1, args.batch))
+        real_1 = report("real path, 1 process", run_real(spec, args.seconds, 1, args.batch, args.profile))
+        if args.profile:
+            import pstats
+
+            stats = pstats.Stats(args.profile)
+            stats.sort_stats("tottime").print_stats(25)
+            stats.sort_stats("cumulative").print_stats(40)
         real_n = report(f"real path, {args.procs} processes", run_real(spec, args.seconds, args.procs, args.batch))
         ceiling = report("ceiling (seq+COPY)", run_ceiling(spec, args.seconds))
     finally:

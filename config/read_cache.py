@@ -116,6 +116,19 @@ def versions(tables: Iterable[str]) -> dict[str, str]:
     return {keys[key]: value for key, value in found.items()}
 
 
+def pending_bumps() -> bool:
+    """Whether writes this process made while the cache was unreachable are still not bumped (tried
+    again now): until they are, nothing cached may be trusted over them."""
+    if _unbumped:
+        bump(())
+    return bool(_unbumped)
+
+
+def cache_failed(exc: Exception) -> None:
+    """Note that the cache could not be reached: it is left alone for a few seconds."""
+    _cache_failed(exc)
+
+
 @dataclass
 class _PendingBumps:
     """Tables written in the current transaction; bumped again by `flush` once it commits."""

@@ -14,6 +14,7 @@ from fleet import services
 from fleet.models import Gpu, GpuModel, Host, Vgpu
 from fleet.placement import PlacementError
 from fleet.tests.factories import GpuFactory, HostFactory, VirtualMachineFactory, profile
+from telemetry import inventory_cache
 from telemetry.ingest import PLACEHOLDER_CPU_THREADS, PLACEHOLDER_RAM_GIB, sample_time, store_reports
 from telemetry.models import Drift, DriftKind, GpuSample, VgpuSample
 from telemetry.sources.dcgm import parse_dcgm_metrics
@@ -478,6 +479,8 @@ MDEV_NEW = "0a1b2c3d-4e5f-4a6b-8c7d-9e0f1a2b3c4d"
 
 
 def _queries_of(report_, at: float) -> int:
+    """The queries of storing `report_` as a worker that kept no copy of the inventory would make."""
+    inventory_cache.CACHE.clear()
     with CaptureQueriesContext(connection) as queries:
         store_reports([report_], received_at=at)
     return len(queries)
