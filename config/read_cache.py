@@ -155,6 +155,13 @@ def _written(connection, table: str) -> None:
     bump([table])
 
 
+def written(connection, tables: Iterable[str]) -> None:
+    """Note writes the execute wrapper cannot see (COPY through the driver): the tables get new
+    versions now and again once the transaction commits, as for any other write."""
+    for table in tables:
+        _written(connection, table)
+
+
 def written_tables(sql: str) -> list[str]:
     """The tables a statement writes ([] for a read)."""
     write = _WRITE.match(sql)

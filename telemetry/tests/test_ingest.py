@@ -574,7 +574,7 @@ def test_nothing_is_half_stored_when_a_write_fails(world, monkeypatch):
         raise RuntimeError("disk full")
 
     monkeypatch.setattr(VgpuSample.objects, "bulk_create", broken)
-    monkeypatch.setattr(ingest_module, "_insert_staged", broken)  # the PostgreSQL writer
+    monkeypatch.setattr(ingest_module, "_copy_or_insert", broken)  # the PostgreSQL writer
     items = [(world.agent, report("render-01", [
         gpu_reading(world.gpu.uuid, vgpus=[_lighting_reading(world)]),
         gpu_reading("GPU-would-be-discovered", index=1, pci_bus_id="00000000:E1:00.0")]))]
