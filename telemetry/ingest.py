@@ -458,6 +458,7 @@ class _Batch:
         if not kept.validate():
             kept = inventory_cache.InventoryCache()  # this batch's only: nothing outlives it
         missing = kept.missing
+        grew = False
         with connection.cursor() as cursor:
             wanted = missing(kept.gpus, uuids)
             if wanted:
@@ -467,6 +468,7 @@ class _Batch:
                     "WHERE g.uuid = ANY(%s::varchar[])", [wanted])
                 found = {row[1]: _GpuRow(*row) for row in cursor.fetchall()}
                 kept.gpus.update((uuid, found.get(uuid, inventory_cache.ABSENT)) for uuid in wanted)
+                grew = True
             self.gpus = {uuid: gpu for uuid in uuids if (gpu := kept.gpus[uuid]) is not None}
             wanted = missing(kept.vms_by_uuid, vm_uuids)
             if wanted:
@@ -474,6 +476,7 @@ class _Batch:
                                [wanted])
                 found = {row[1]: _VmRow(*row) for row in cursor.fetchall()}
                 kept.vms_by_uuid.update((vm_uuid, found.get(vm_uuid, inventory_cache.ABSENT)) for vm_uuid in wanted)
+                grew = True
             vms: dict[int, _VmRow] = {}
             for vm_uuid in vm_uuids:
                 vm = kept.vms_by_uuid[vm_uuid]
@@ -490,6 +493,7 @@ class _Batch:
                                [wanted])
                 found = {row[2]: _VmRow(*row) for row in cursor.fetchall()}
                 kept.vms_by_name.update((name, found.get(name, inventory_cache.ABSENT)) for name in wanted)
+                grew = True
             for name in by_name:
                 vm = kept.vms_by_name[name]
                 if vm is not None:
@@ -510,8 +514,11 @@ class _Batch:
                 for row in cursor.fetchall():
                     declared[row[1]].append(_VgpuRow(*row))
                 kept.vgpus.update((vm_id, tuple(declared.get(vm_id, ()))) for vm_id in wanted)
+                grew = True
         for vm_id in vms:
             self.vgpus_by_vm[vm_id] = kept.vgpus[vm_id]
+        if grew and kept is inventory_cache.CACHE:
+            kept.grew()
 
     def _add_host(self, host: Host) -> None:
         self.hosts_by_id[host.pk] = host
@@ -1179,9 +1186,11 @@ def _stored_state(model: type, key: str, fields: tuple[str, ...], ids: Iterable[
             cursor.execute(f"SELECT {select} FROM {model._meta.db_table} WHERE {key} = ANY(%s::bigint[])", [ids])
             rows = cursor.fetchall()
         # Django reads jsonb as text and leaves decoding to the field; the few distinct values
-        # (lists of field or flag names) are decoded once.
+        # (lists of field or flag names) are decoded once, and rows sharing one share its value
+        # (the callers only compare them).
         for at in (i for i, c in enumerate(columns) if c in json_columns):
-            rows = [(*row[:at], _json(row[at]), *row[at + 1:]) for row in rows]
+            decoded = {text: _json(text) for text in {row[at] for row in rows}}
+            rows = [row[:at] + (decoded[row[at]],) + row[at + 1:] for row in rows]
         return rows
     time_at = [i for i, c in enumerate(columns) if c in time_columns]
     rows = model.objects.filter(**{f"{key}__in": ids}).values_list(*columns)
