@@ -19,6 +19,10 @@ request. Not the real agent server: its thread per connection and per-request si
 would take CPU from the collector on a 2-core machine and measure the sim, not the collector
 (bench/agent.py measures the agent).
 
+Each collector process first makes one untimed pass over its agents (a worker that has run a
+while keeps its connections, fetch threads and copy of the inventory warm); `--cold` starts
+the clock at once. `--profile FILE` runs the 1-process phase under cProfile and prints its top.
+
 Samples are stamped to the whole second (telemetry.ingest), so an agent polled twice within a
 second yields one sample: each pass over the fleet therefore polls every agent at most once a
 second, like a fleet of `--agents` hosts polled at a 1 s interval. The fleet must be large
