@@ -19,6 +19,10 @@ request. Not the real agent server: its thread per connection and per-request si
 would take CPU from the collector on a 2-core machine and measure the sim, not the collector
 (bench/agent.py measures the agent).
 
+Each collector process first makes one untimed pass over its agents (a worker that has run a
+while keeps its connections, fetch threads and copy of the inventory warm); `--cold` starts
+the clock at once. `--profile FILE` runs the 1-process phase under cProfile and prints its top.
+
 Samples are stamped to the whole second (telemetry.ingest), so an agent polled twice within a
 second yields one sample: each pass over the fleet therefore polls every agent at most once a
 second, like a fleet of `--agents` hosts polled at a 1 s interval. The fleet must be large
@@ -240,19 +244,37 @@ def stored_rows() -> tuple[int, int]:
 # -- real path ------------------------------------------------------------------------------------
 
 
-def real_worker(ids: list[int], seconds: float, batch: int, queue) -> None:
-    """Poll `ids` through collect.poll_batch for `seconds`; each agent at most once a second."""
+def real_worker(ids: list[int], seconds: float, batch: int, queue, profile: str = "", warm: bool = True) -> None:
+    """Poll `ids` through collect.poll_batch for `seconds`; each agent at most once a second.
+    With `profile`, the polls run under cProfile (the calling thread: the fetch threads show as
+    the time spent waiting on them) and the stats are written to that file."""
     import django
 
     django.setup()
     _raise_fd_limit()
     from telemetry import collect
 
+    if profile:
+        import cProfile
+
+        profiler = cProfile.Profile()
+
     polls = ok = gpu_rows = vgpu_rows = passes = bound = 0
     errors: dict[str, str] = {}
     batches = collect.shard(ids, batch)
     last_start = [0.0] * len(batches)
+    # One untimed pass first, as a worker that has been running a while: what a process keeps
+    # between batches (connections, threads, the inventory copy) is warm when the clock starts.
+    warm_gpu = warm_vgpu = 0
+    if warm:
+        for index, shard in enumerate(batches):
+            last_start[index] = time.monotonic()
+            result = collect.poll_batch(shard)
+            warm_gpu += result.gpu_samples
+            warm_vgpu += result.vgpu_samples
     started = time.monotonic()
+    if profile:
+        profiler.enable()
     while time.monotonic() - started < seconds:
         for index, shard in enumerate(batches):
             if time.monotonic() - started >= seconds:
@@ -269,11 +291,15 @@ def real_worker(ids: list[int], seconds: float, batch: int, queue) -> None:
             vgpu_rows += result.vgpu_samples
             errors.update(result.errors)
         passes += 1
+    if profile:
+        profiler.disable()
+        profiler.dump_stats(profile)
     queue.put({"polls": polls, "ok": ok, "gpu_rows": gpu_rows, "vgpu_rows": vgpu_rows, "passes": passes,
-               "bound": bound, "elapsed": time.monotonic() - started, "errors": dict(list(errors.items())[:3])})
+               "bound": bound, "elapsed": time.monotonic() - started, "errors": dict(list(errors.items())[:3]),
+               "warm_rows": (warm_gpu, warm_vgpu)})
 
 
-def run_real(spec: list[dict], seconds: float, procs: int, batch: int) -> dict:
+def run_real(spec: list[dict], seconds: float, procs: int, batch: int, profile: str = "", warm: bool = True) -> dict:
     from django.db import connection
 
     clear_samples()
@@ -282,7 +308,8 @@ def run_real(spec: list[dict], seconds: float, procs: int, batch: int) -> dict:
     ids = [agent["id"] for agent in spec]
     queue = multiprocessing.Queue()
     shares = [ids[i::procs] for i in range(procs)]
-    workers = [multiprocessing.Process(target=real_worker, args=(share, seconds, batch, queue)) for share in shares]
+    workers = [multiprocessing.Process(target=real_worker, args=(share, seconds, batch, queue, profile, warm))
+               for share in shares]
     for worker in workers:
         worker.start()
     results = [queue.get() for _ in workers]
@@ -291,7 +318,9 @@ def run_real(spec: list[dict], seconds: float, procs: int, batch: int) -> dict:
     total = {key: sum(r[key] for r in results) for key in ("polls", "ok", "gpu_rows", "vgpu_rows", "bound")}
     total["elapsed"] = max(r["elapsed"] for r in results)
     total["errors"] = {k: v for r in results for k, v in r["errors"].items()}
-    total["stored"] = stored_rows()
+    # The warm-up pass's rows are in the tables too: the timed polls' rows are the rest.
+    warm_rows = [sum(r["warm_rows"][i] for r in results) for i in (0, 1)]
+    total["stored"] = tuple(stored - warmed for stored, warmed in zip(stored_rows(), warm_rows, strict=True))
     return total
 
 
@@ -402,6 +431,12 @@ def main() -> int:
     parser.add_argument("--base-port", type=int, default=20000)
     parser.add_argument("--health", action="store_true",
                         help="agents report the health fields of issue 19 (driver, GPU health, vGPU licence)")
+    parser.add_argument("--cold", action="store_true",
+                        help="start the real phases' clocks at once, without the untimed warm-up pass of each "
+                             "collector process over its agents")
+    parser.add_argument("--profile", metavar="FILE", default="",
+                        help="run the 1-process phase under cProfile, write its stats to FILE and print the top "
+                             "entries (the phase's figure is then not comparable)")
     args = parser.parse_args()
     _raise_fd_limit()
 
@@ -424,8 +459,16 @@ def main() -> int:
           f"{args.agents} agents x {GPUS_PER_HOST} GPUs x {VGPUS_PER_GPU} vGPUs "
           f"({GPUS_PER_HOST * (1 + VGPUS_PER_GPU)} rows a poll), {args.seconds:g} s a phase, batches of {args.batch}")
     try:
-        real_1 = report("real path, 1 process", run_real(spec, args.seconds, 1, args.batch))
-        real_n = report(f"real path, {args.procs} processes", run_real(spec, args.seconds, args.procs, args.batch))
+        real_1 = report("real path, 1 process", run_real(spec, args.seconds, 1, args.batch, args.profile,
+                                                           not args.cold))
+        if args.profile:
+            import pstats
+
+            stats = pstats.Stats(args.profile)
+            stats.sort_stats("tottime").print_stats(25)
+            stats.sort_stats("cumulative").print_stats(40)
+        real_n = report(f"real path, {args.procs} processes", run_real(spec, args.seconds, args.procs, args.batch,
+                                                                       warm=not args.cold))
         ceiling = report("ceiling (seq+COPY)", run_ceiling(spec, args.seconds))
     finally:
         server.kill()

@@ -116,6 +116,19 @@ def versions(tables: Iterable[str]) -> dict[str, str]:
     return {keys[key]: value for key, value in found.items()}
 
 
+def pending_bumps() -> bool:
+    """Whether writes this process made while the cache was unreachable are still not bumped (tried
+    again now): until they are, nothing cached may be trusted over them."""
+    if _unbumped:
+        bump(())
+    return bool(_unbumped)
+
+
+def cache_failed(exc: Exception) -> None:
+    """Note that the cache could not be reached: it is left alone for a few seconds."""
+    _cache_failed(exc)
+
+
 @dataclass
 class _PendingBumps:
     """Tables written in the current transaction; bumped again by `flush` once it commits."""
@@ -140,6 +153,13 @@ def _written(connection, table: str) -> None:
     # At once as well, for each statement: a read in this transaction, between two writes, must
     # not be served the rows before the second.
     bump([table])
+
+
+def written(connection, tables: Iterable[str]) -> None:
+    """Note writes the execute wrapper cannot see (COPY through the driver): the tables get new
+    versions now and again once the transaction commits, as for any other write."""
+    for table in tables:
+        _written(connection, table)
 
 
 def written_tables(sql: str) -> list[str]:

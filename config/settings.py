@@ -413,6 +413,11 @@ TELEMETRY_BATCH_SIZE = int(env_float("TELEMETRY_BATCH_SIZE", 50))
 TELEMETRY_POLL_CONCURRENCY = int(env_float("TELEMETRY_POLL_CONCURRENCY", TELEMETRY_BATCH_SIZE))
 TELEMETRY_MAX_RESPONSE_BYTES = int(env_float("TELEMETRY_MAX_RESPONSE_BYTES", 4 * 1024 * 1024))
 TELEMETRY_MAX_CLOCK_SKEW_S = env_float("TELEMETRY_MAX_CLOCK_SKEW_S", 300.0)
+# The collector's per-process copy of the inventory (telemetry/inventory_cache.py): dropped when
+# any process changes the inventory, and at the latest after this age (changes made outside
+# Django) or past this many rows.
+TELEMETRY_INVENTORY_CACHE_MAX_AGE_S = env_float("TELEMETRY_INVENTORY_CACHE_MAX_AGE_S", 300.0)
+TELEMETRY_INVENTORY_CACHE_MAX_ROWS = int(env_float("TELEMETRY_INVENTORY_CACHE_MAX_ROWS", 2_000_000))
 # GPUs the inventory does not know (and so new GPU models) that one report may add: a report
 # naming more is refused whole. 16 is the most GPUs a real server carries (0: no discovery, every
 # report naming an unknown GPU is refused).

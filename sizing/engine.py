@@ -67,6 +67,9 @@ class UsageHour:
     enc_util_avg: float | None = None
     enc_util_max: float | None = None
     profile_fb_mib: float | None = None
+    #: Some reading of the hour lacked one of the VM's vGPUs (telemetry.rollups): the frame buffer
+    #: is a share of the VM's, so the hour is left out of the advice.
+    partial: bool = False
 
 
 @dataclass(frozen=True)
@@ -112,7 +115,9 @@ class UsageFigures:
     """What a VM used over the window, computed by `usage_figures` (MiB and percent of the GPU).
 
     `covered_hours` counts hours with samples under the current size, `other_size_hours` those
-    left out because another profile size was in place, `active_hours` the covered hours in
+    left out because another profile size was in place, `partial_hours` those left out because
+    not every vGPU of the VM reported (their frame buffer would read low and invite a downsize),
+    `active_hours` the covered hours in
     which the artist worked. The fb and util figures are over active hours and None when no
     active hour reported them.
     """
@@ -120,6 +125,7 @@ class UsageFigures:
     covered_hours: int
     other_size_hours: int
     active_hours: int
+    partial_hours: int
     fb_p95_mib: float | None
     fb_peak_mib: float | None
     fb_mean_mib: float | None
@@ -180,7 +186,8 @@ def usage_figures(hours: Sequence[UsageHour], profile_fb_mib: float, thresholds:
     - **daily**: one entry per calendar day of `start` (the caller passes times in the zone
       the chart shows) with data, max over that day's covered hours, for a small chart.
     """
-    covered = [h for h in hours if h.samples > 0]
+    with_samples = [h for h in hours if h.samples > 0]
+    covered = [h for h in with_samples if not h.partial]
     current = [h for h in covered if _same_size(h, profile_fb_mib)]
     active = [h for h in current if is_active_hour(h, profile_fb_mib, thresholds)]
 
@@ -195,6 +202,7 @@ def usage_figures(hours: Sequence[UsageHour], profile_fb_mib: float, thresholds:
         covered_hours=len(current),
         other_size_hours=len(covered) - len(current),
         active_hours=len(active),
+        partial_hours=len(with_samples) - len(covered),
         fb_p95_mib=percentile_nearest_rank(fb_p95s, 95),
         fb_peak_mib=max(fb_maxes) if fb_maxes else None,
         fb_mean_mib=_weighted_mean([(h.fb_used_mib_avg, h.samples) for h in active if h.fb_used_mib_avg is not None]),
@@ -287,8 +295,11 @@ def _coverage_gap(figures: UsageFigures, thresholds: Thresholds) -> str:
     if figures.covered_hours < thresholds.min_covered_hours:
         reason = (f"{figures.covered_hours} h of data in {thresholds.window_days} days; "
                   f"needs {thresholds.min_covered_hours} h")
-        if figures.other_size_hours:
-            reason += f" ({figures.other_size_hours} h under another profile size left out)"
+        left_out = [f"{figures.other_size_hours} h under another profile size"] if figures.other_size_hours else []
+        if figures.partial_hours:
+            left_out.append(f"{figures.partial_hours} h with not every vGPU reported")
+        if left_out:
+            reason += f" ({' and '.join(left_out)} left out)"
         return reason
     if figures.active_hours < thresholds.min_active_hours:
         return (f"active in {figures.active_hours} of {figures.covered_hours} h of data, idle otherwise; "
@@ -408,6 +419,7 @@ def build_evidence(advice: Advice, figures: UsageFigures, thresholds: Thresholds
         "covered_hours": figures.covered_hours,
         "active_hours": figures.active_hours,
         "other_size_hours": figures.other_size_hours,
+        "partial_hours": figures.partial_hours,
         "fb_p95_mib": _round(figures.fb_p95_mib),
         "fb_peak_mib": _round(figures.fb_peak_mib),
         "fb_mean_mib": _round(figures.fb_mean_mib),

@@ -58,7 +58,7 @@ REFRESHED_FIELDS = [
 ]
 _ROLLUP_COLUMNS = (
     "vm_id", "bucket", "samples", "fb_used_mib_avg", "fb_used_mib_max", "fb_used_mib_p95", "util_gpu_avg",
-    "util_gpu_p95", "enc_util_avg", "enc_util_max", "profile_fb_mib",
+    "util_gpu_p95", "enc_util_avg", "enc_util_max", "profile_fb_mib", "partial",
 )
 
 
@@ -96,9 +96,10 @@ def _usage_hours(start: datetime, end: datetime, vm_ids: list[int] | None) -> It
             engine.UsageHour(
                 start=bucket.astimezone(zone), samples=samples, fb_used_mib_avg=fb_avg, fb_used_mib_max=fb_max,
                 fb_used_mib_p95=fb_p95, util_gpu_avg=util_avg, util_gpu_p95=util_p95, enc_util_avg=enc_avg,
-                enc_util_max=enc_max, profile_fb_mib=profile_fb,
+                enc_util_max=enc_max, profile_fb_mib=profile_fb, partial=partial,
             )
-            for _, bucket, samples, fb_avg, fb_max, fb_p95, util_avg, util_p95, enc_avg, enc_max, profile_fb in group
+            for (_, bucket, samples, fb_avg, fb_max, fb_p95, util_avg, util_p95, enc_avg, enc_max, profile_fb,
+                 partial) in group
         ]
 
 

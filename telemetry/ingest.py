@@ -40,7 +40,15 @@ and the nvidia-smi push API both call it with validated `Report`s. Rules, and wh
   no later report could show it to be over). Each row discovery creates or changes is in the
   audit log, by the agent that reported it (source "agent"), written in one statement; a batch
   that discovers nothing writes no event and costs no query for it.
-- vGPUs map to VMs by VM UUID, then by name. An unknown VM gets an `unknown_vm` drift and no
+- vGPUs map to VMs by VM UUID when the reading carries one, and then by that alone: a reading
+  whose VM UUID matches no inventory VM but whose VM name does is a `vm_uuid_mismatch` drift
+  and stores nothing (a clone, a rebuilt VM or another VM given that name would otherwise
+  feed that VM's series and its right-sizing). A reading carrying no VM UUID maps by name,
+  because its source cannot know the UUID: inside a guest the VM's own UUID is not visible
+  (`payload.split_guest_vgpus`, in-guest pushes), and ESXi and Xen give NVML and nvidia-smi a
+  domain id, which names no VM (`sources.nvidia_smi`, the agent's `vm_id_type`). Such a
+  reading still passes the scope rules below (the VM must be placed on the agent's host, or
+  be the agent's own VM), which bounds what a name can reach. An unknown VM gets an `unknown_vm` drift and no
   sample (a sample needs its VM). A VM placed on the agent's host with no vGPU declared on
   that GPU gets a `vgpu_missing` drift and its sample is stored without a vGPU; a type other
   than the declared profile gets a `profile` drift. A guest VM's own reading
@@ -75,9 +83,11 @@ and the nvidia-smi push API both call it with validated `Report`s. Rules, and wh
   with one array parameter per key list, read as plain tuples, and samples COPied into
   session staging tables then moved with INSERT ... ON CONFLICT DO NOTHING (`_insert_staged`).
   Elsewhere: ORM lookups and inserts batched by Django, which on SQLite means one INSERT per
-  ~90 samples because of its 999-parameter cap. The inventory is read afresh by every call:
-  it carries no change stamp to validate a per-process copy with, and an admin's change
-  (a GPU moved, a VM renamed) must count from the next report on.
+  ~90 samples because of its 999-parameter cap. On PostgreSQL the inventory rows (GPUs, VMs,
+  declared vGPUs) come from the worker process's copy (`telemetry.inventory_cache`), which is
+  dropped by the first batch after any process changed an inventory table (the read cache's
+  table versions, read once per batch), so an admin's change (a GPU moved, a VM renamed)
+  counts from the next report on; elsewhere they are read afresh by every call.
 """
 
 from __future__ import annotations
@@ -88,22 +98,25 @@ import re
 import time
 import uuid as uuid_lib
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from functools import lru_cache
 from operator import attrgetter
 
 from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
 from django.db import IntegrityError, connection, transaction
 from django.db.models import OuterRef, Q, Subquery
 from django.db.models.functions import Lower
 
+from config import read_cache
 from fleet import audit
 from fleet.choices import AuditSource, GpuMode
 from fleet.locks import lock_rows
 from fleet.models import Gpu, GpuModel, Host, Vgpu, VirtualMachine
 from fleet.pci import canonical_pci_bus_id
+from telemetry import inventory_cache
 from telemetry.models import (
     Agent,
     Drift,
@@ -141,6 +154,7 @@ PLACEHOLDER_RAM_GIB = 1
 # attempt to write outside the token's scope: an admin resolves those, see the module doc).
 SELF_RESOLVING = frozenset({
     DriftKind.GPU_ELSEWHERE, DriftKind.GPU_MODEL, DriftKind.UNKNOWN_VM, DriftKind.VGPU_MISSING, DriftKind.PROFILE,
+    DriftKind.VM_UUID_MISMATCH,
 })
 MAX_SUBJECT = Drift._meta.get_field("subject").max_length
 
@@ -236,6 +250,7 @@ def derive_code(name: str, taken: set[str]) -> str:
     return code
 
 
+@lru_cache(maxsize=1 << 16)
 def _device_key(mdev_uuid: str | None) -> str:
     """A reported mdev UUID as the hypervisor backends write device ids (lower case, with dashes),
     or "" for none; a value that is no UUID is kept, lower-cased, so a comparison still fails loud."""
@@ -245,7 +260,9 @@ def _device_key(mdev_uuid: str | None) -> str:
     return str(parsed) if parsed is not None else mdev_uuid.strip().lower()
 
 
+@lru_cache(maxsize=1 << 18)
 def _parse_uuid(value: str | None) -> uuid_lib.UUID | None:
+    """`value` as a UUID, or None; kept per process, as the fleet's VMs report the same every poll."""
     try:
         return uuid_lib.UUID(value) if value else None
     except ValueError:
@@ -292,16 +309,16 @@ class _Named:
 
 
 class _VgpuRow:
-    """The fields of a declared vGPU the mapping reads; `gpu` is the batch's Gpu when it has it, and
+    """The fields of a declared vGPU the mapping reads; `gpu_uuid` names its GPU in drifts, and
     `host_id` its GPU's host, which decides whose agents may write the VM's series. `device_id` is
     the inventory's device, `reported` the device the agent last reported (`Vgpu.reported_device_id`)."""
 
-    __slots__ = ("pk", "vm_id", "gpu_id", "host_id", "profile", "gpu", "device_id", "reported")
+    __slots__ = ("pk", "vm_id", "gpu_id", "host_id", "profile", "gpu_uuid", "device_id", "reported")
 
-    def __init__(self, pk: int, vm_id: int, gpu_id: int, host_id: int, profile_name: str,
-                 gpu: _GpuRow | _GpuRef | Gpu, device_id: str = "", reported: str = ""):
+    def __init__(self, pk: int, vm_id: int, gpu_id: int, host_id: int, profile_name: str, gpu_uuid: str | None,
+                 device_id: str = "", reported: str = ""):
         self.pk, self.vm_id, self.gpu_id, self.host_id = pk, vm_id, gpu_id, host_id
-        self.profile, self.gpu = _Named(profile_name), gpu
+        self.profile, self.gpu_uuid = _Named(profile_name), gpu_uuid
         self.device_id, self.reported = device_id.lower(), reported
 
 
@@ -315,20 +332,22 @@ class _GpuRow:
         self.host, self.gpu_model = _Named(host_name), _Named(model_name)
 
 
-class _GpuRef:
-    """A declared vGPU's GPU that the batch did not report: its id and UUID are all a drift names."""
+def sample_columns(model: type, keys: tuple[str, ...]) -> tuple[tuple[str, ...], attrgetter]:
+    """The columns the ingest writes into a sample table (`model`: GpuSample or VgpuSample), read off
+    the model in its field order without the primary key, and a getter of the metric columns off a
+    reading: every column after `keys` (the key columns the mapping supplies, which must come
+    first) is read from the reading's attribute of that name.
 
-    __slots__ = ("pk", "uuid")
+    The one place that knows the sample tables' columns: rows are built and COPied in this order.
+    """
+    columns = tuple(f.column for f in model._meta.concrete_fields if not f.primary_key)
+    if columns[:len(keys)] != keys:
+        raise ImproperlyConfigured(f"{model.__name__}'s columns start {columns[:len(keys)]}, the ingest expects {keys}")
+    return columns, attrgetter(*columns[len(keys):])
 
-    def __init__(self, pk: int, uuid: str):
-        self.pk, self.uuid = pk, uuid
 
-
-# Sample columns in table order after the key, for the bulk writers.
-GPU_SAMPLE_COLUMNS = ("gpu_id", "ts", "util_gpu", "util_mem", "fb_used_mib", "fb_total_mib", "enc_util", "dec_util",
-                      "temp_c", "power_w", "sm_clock_mhz", "clocks_event_reasons")
-VGPU_SAMPLE_COLUMNS = ("vm_id", "gpu_id", "vgpu_id", "ts", "fb_used_mib", "util_gpu", "util_mem", "enc_util",
-                       "dec_util")
+GPU_SAMPLE_COLUMNS, _gpu_metrics = sample_columns(GpuSample, ("gpu_id", "ts"))
+VGPU_SAMPLE_COLUMNS, _vgpu_metrics = sample_columns(VgpuSample, ("vm_id", "gpu_id", "vgpu_id", "ts"))
 
 
 def _whole_positions(model: type, columns: tuple[str, ...]) -> tuple[int, ...]:
@@ -443,63 +462,88 @@ class _Batch:
                 self.vms_by_name[name] = vm
         vm_ids = {vm.pk for vm in self.vms_by_name.values()}
         if vm_ids:
-            gpus_by_id = {gpu.pk: gpu for gpu in self.gpus.values()}
             declared = Vgpu.objects.filter(vm_id__in=vm_ids).values_list(
                 "id", "vm_id", "gpu_id", "gpu__host_id", "profile__name", "gpu__uuid", "device_id",
                 "reported_device_id")
-            for pk, vm_id, gpu_id, host_id, profile_name, gpu_uuid, device_id, reported in declared:
-                gpu = gpus_by_id.get(gpu_id) or _GpuRef(gpu_id, gpu_uuid)
-                self.vgpus_by_vm[vm_id].append(_VgpuRow(pk, vm_id, gpu_id, host_id, profile_name, gpu, device_id,
-                                                        reported))
+            for row in declared:
+                self.vgpus_by_vm[row[1]].append(_VgpuRow(*row))
 
     def _load_pg(self, uuids: set[str], vm_uuids: set[uuid_lib.UUID]) -> None:
-        """The batch's GPUs, VMs and declared vGPUs as plain rows, in at most four small queries.
+        """The batch's GPUs, VMs and declared vGPUs as plain rows: from this process's copy of the
+        inventory (`telemetry.inventory_cache`, checked against the tables' versions once per
+        batch), the rows it lacks in at most four small queries, which fill it.
 
         Each key list is one array parameter (Django's `__in` writes one placeholder per
         value), and the queries stay simple enough for good plans: a VM is looked up by name
-        only for readings whose UUID found none (the mapping never consults the name
-        otherwise), because `uuid = ANY(..) OR name = ANY(..)` makes PostgreSQL scan and hash
-        every VM (17 ms a batch with 100,000 VMs).
+        only for readings that carry no VM UUID or whose UUID found none (the mapping never
+        consults the name otherwise), because `uuid = ANY(..) OR name = ANY(..)` makes
+        PostgreSQL scan and hash every VM (17 ms a batch with 100,000 VMs).
         """
+        kept = inventory_cache.CACHE
+        if not kept.validate():
+            kept = inventory_cache.InventoryCache()  # this batch's only: nothing outlives it
+        missing = kept.missing
+        grew = False
         with connection.cursor() as cursor:
-            if uuids:
+            wanted = missing(kept.gpus, uuids)
+            if wanted:
                 cursor.execute(
                     "SELECT g.id, g.uuid, g.host_id, h.name, m.name FROM fleet_gpu g "
                     "JOIN fleet_host h ON h.id = g.host_id JOIN fleet_gpumodel m ON m.id = g.gpu_model_id "
-                    "WHERE g.uuid = ANY(%s::varchar[])", [list(uuids)])
-                self.gpus = {row[1]: _GpuRow(*row) for row in cursor.fetchall()}
-            vms: dict[int, _VmRow] = {}
-            if vm_uuids:
+                    "WHERE g.uuid = ANY(%s::varchar[])", [wanted])
+                found = {row[1]: _GpuRow(*row) for row in cursor.fetchall()}
+                kept.gpus.update((uuid, found.get(uuid, inventory_cache.ABSENT)) for uuid in wanted)
+                grew = True
+            self.gpus = {uuid: gpu for uuid in uuids if (gpu := kept.gpus[uuid]) is not None}
+            wanted = missing(kept.vms_by_uuid, vm_uuids)
+            if wanted:
                 cursor.execute("SELECT id, uuid, name FROM fleet_virtualmachine WHERE uuid = ANY(%s::uuid[])",
-                               [list(vm_uuids)])
-                for pk, vm_uuid, name in cursor.fetchall():
-                    vms[pk] = self.vms_by_uuid[vm_uuid] = self.vms_by_name[name] = _VmRow(pk, vm_uuid, name)
+                               [wanted])
+                found = {row[1]: _VmRow(*row) for row in cursor.fetchall()}
+                kept.vms_by_uuid.update((vm_uuid, found.get(vm_uuid, inventory_cache.ABSENT)) for vm_uuid in wanted)
+                grew = True
+            vms: dict[int, _VmRow] = {}
+            for vm_uuid in vm_uuids:
+                vm = kept.vms_by_uuid[vm_uuid]
+                if vm is not None:
+                    vms[vm.pk] = self.vms_by_uuid[vm_uuid] = self.vms_by_name[vm.name] = vm
             by_name = {reading.vm_name for _, report in self.items
                        for readings in [gpu.vgpus for gpu in report.gpus] + [report.guest_vgpus]
                        for reading in readings
                        if reading.vm_name and self.vm_uuid_of.get(reading.vm_uuid) not in self.vms_by_uuid}
             by_name -= self.vms_by_name.keys()
-            if by_name:
+            wanted = missing(kept.vms_by_name, by_name)
+            if wanted:
                 cursor.execute("SELECT id, uuid, name FROM fleet_virtualmachine WHERE name = ANY(%s::varchar[])",
-                               [list(by_name)])
-                for pk, vm_uuid, name in cursor.fetchall():
-                    vm = vms.get(pk) or _VmRow(pk, vm_uuid, name)
-                    vms[pk] = self.vms_by_uuid[vm_uuid] = self.vms_by_name[name] = vm
+                               [wanted])
+                found = {row[2]: _VmRow(*row) for row in cursor.fetchall()}
+                kept.vms_by_name.update((name, found.get(name, inventory_cache.ABSENT)) for name in wanted)
+                grew = True
+            for name in by_name:
+                vm = kept.vms_by_name[name]
+                if vm is not None:
+                    vm = vms.get(vm.pk) or vm
+                    vms[vm.pk] = self.vms_by_uuid[vm.uuid] = self.vms_by_name[name] = vm
             if not vms:
                 return
-            # The GPU's host says whose agents may write the VM's series; its UUID names a GPU this
-            # batch did not report in drifts.
-            cursor.execute(
-                "SELECT v.id, v.vm_id, v.gpu_id, g.host_id, p.name, g.uuid, v.device_id, v.reported_device_id "
-                "FROM fleet_vgpu v "
-                "JOIN fleet_vgpuprofile p ON p.id = v.profile_id JOIN fleet_gpu g ON g.id = v.gpu_id "
-                "WHERE v.vm_id = ANY(%s::bigint[]) ORDER BY v.gpu_id, v.placement_id", [list(vms)])
-            declared = cursor.fetchall()
-        gpus_by_id: dict[int, _GpuRow | Gpu] = {gpu.pk: gpu for gpu in self.gpus.values()}
-        for pk, vm_id, gpu_id, host_id, profile_name, gpu_uuid, device_id, reported in declared:
-            gpu = gpus_by_id.get(gpu_id) or _GpuRef(gpu_id, gpu_uuid)
-            self.vgpus_by_vm[vm_id].append(_VgpuRow(pk, vm_id, gpu_id, host_id, profile_name, gpu, device_id,
-                                                    reported))
+            wanted = missing(kept.vgpus, vms)
+            if wanted:
+                # The GPU's host says whose agents may write the VM's series; its UUID names a GPU
+                # this batch did not report in drifts.
+                cursor.execute(
+                    "SELECT v.id, v.vm_id, v.gpu_id, g.host_id, p.name, g.uuid, v.device_id, v.reported_device_id "
+                    "FROM fleet_vgpu v "
+                    "JOIN fleet_vgpuprofile p ON p.id = v.profile_id JOIN fleet_gpu g ON g.id = v.gpu_id "
+                    "WHERE v.vm_id = ANY(%s::bigint[]) ORDER BY v.gpu_id, v.placement_id", [wanted])
+                declared = defaultdict(list)
+                for row in cursor.fetchall():
+                    declared[row[1]].append(_VgpuRow(*row))
+                kept.vgpus.update((vm_id, tuple(declared.get(vm_id, ()))) for vm_id in wanted)
+                grew = True
+        for vm_id in vms:
+            self.vgpus_by_vm[vm_id] = kept.vgpus[vm_id]
+        if grew and kept is inventory_cache.CACHE:
+            kept.grew()
 
     def _add_host(self, host: Host) -> None:
         self.hosts_by_id[host.pk] = host
@@ -517,9 +561,26 @@ class _Batch:
         return self.hosts_by_key.get(name) or self.hosts_by_key.get(name.split(".", 1)[0])
 
     def _vm(self, reading: VgpuReading) -> _VmRow | None:
-        vm_uuid = self.vm_uuid_of.get(reading.vm_uuid) if reading.vm_uuid else None
-        vm = self.vms_by_uuid.get(vm_uuid) if vm_uuid else None
-        return vm or (self.vms_by_name.get(reading.vm_name) if reading.vm_name else None)
+        """The inventory VM a vGPU reading is for: by its VM UUID when it carries one (and then by
+        that alone), by name only when it carries none (see the module docstring)."""
+        if reading.vm_uuid:
+            vm_uuid = self.vm_uuid_of.get(reading.vm_uuid)
+            return self.vms_by_uuid.get(vm_uuid) if vm_uuid else None
+        return self.vms_by_name.get(reading.vm_name) if reading.vm_name else None
+
+    def _uuid_mismatch(self, agent: Agent, reading: VgpuReading, where: str) -> bool:
+        """Whether a reading that matched no VM by its UUID names an inventory VM (then a
+        `vm_uuid_mismatch` drift is opened and nothing of the reading is stored)."""
+        vm = self.vms_by_name.get(reading.vm_name) if reading.vm_uuid and reading.vm_name else None
+        if vm is None:
+            return False
+        self.drift(agent, DriftKind.VM_UUID_MISMATCH, reading.vm_uuid,
+                   f"A {reading.type_name or 'vGPU'} {where} runs for VM UUID {reading.vm_uuid} named "
+                   f"{reading.vm_name}; the inventory's VM {vm.name} has UUID {vm.uuid}. Not stored: a name alone "
+                   f"does not say it is the same VM (a clone, a rebuilt VM, another VM given that name), and "
+                   f"another VM's usage must not feed {vm.name}'s right-sizing. If it is the same VM, correct its "
+                   f"UUID in the inventory.", asdict(reading))
+        return True
 
     def drift(self, agent: Agent, kind: str, subject: str, detail: str, reported: dict) -> None:
         self.found[(kind, subject[:MAX_SUBJECT])] = (agent, detail, reported)
@@ -766,11 +827,7 @@ class _Batch:
                 self.drift(agent, DriftKind.GPU_MODEL, gpu.uuid,
                            f"GPU {gpu.uuid} on {gpu.host.name} reports itself as {reading.name}; the inventory "
                            f"says {gpu.gpu_model.name}.", _identity(report, reading))
-            self.gpu_samples[(gpu.pk, ts)] = (
-                gpu.pk, ts, reading.util_gpu, reading.util_mem, reading.fb_used_mib, reading.fb_total_mib,
-                reading.enc_util, reading.dec_util, reading.temp_c, reading.power_w, reading.sm_clock_mhz,
-                reading.clocks_event_reasons,
-            )
+            self.gpu_samples[(gpu.pk, ts)] = (gpu.pk, ts, *_gpu_metrics(reading))
             if reading.scheduler is not None:
                 self.schedulers[gpu.pk] = reading.scheduler
             health = reading.health
@@ -801,6 +858,8 @@ class _Batch:
                        {"hostname": report.hostname, "uuids": uuids[:16]})
         for reading in report.guest_vgpus:
             vm = self._vm(reading)
+            if vm is None and self._uuid_mismatch(agent, reading, f"reported by {agent.name}"):
+                continue
             if vm is None or vm.pk != agent.vm_id:
                 self.stats.out_of_scope += 1
                 named = f"VM {vm.name}" if vm else f"{reading.vm_name or 'no VM'} (not in the inventory)"
@@ -815,34 +874,36 @@ class _Batch:
         self.stats.out_of_scope += 1
         self.drift(agent, DriftKind.OUT_OF_SCOPE, f"{vm.name} from {agent.name}",
                    f"Agent {agent.name} of host {host_name} reports VM {vm.name} {where}, but the inventory places "
-                   f"that VM on another host (GPU {self.vgpus_by_vm[vm.pk][0].gpu.uuid}); not stored: an agent "
+                   f"that VM on another host (GPU {self.vgpus_by_vm[vm.pk][0].gpu_uuid}); not stored: an agent "
                    f"writes only the series of VMs placed on its host's GPUs.", asdict(reading))
 
     def _host_vgpu(self, agent: Agent, gpu: Gpu, reading: VgpuReading, ts: datetime) -> None:
         vm = self._vm(reading)
         if vm is None:
+            if self._uuid_mismatch(agent, reading, f"on GPU {gpu.uuid} ({gpu.host.name})"):
+                return
             who = reading.vm_name or reading.vm_uuid or "with no name or UUID reported"
             self.drift(agent, DriftKind.UNKNOWN_VM, reading.vm_uuid or reading.vm_name or reading.vgpu_uuid
                        or f"{reading.type_name} on {gpu.uuid}",
                        f"A {reading.type_name or 'vGPU'} on GPU {gpu.uuid} ({gpu.host.name}) runs for VM {who}, "
                        f"which the inventory does not know; no samples are stored for it.", asdict(reading))
             return
-        subject = f"{vm.name} on {gpu.uuid}"
         placed = self.vgpus_by_vm[vm.pk]
         if not placed:
             self.stats.out_of_scope += 1
-            self.drift(agent, DriftKind.VGPU_MISSING, subject,
+            self.drift(agent, DriftKind.VGPU_MISSING, f"{vm.name} on {gpu.uuid}",
                        f"VM {vm.name} runs a {reading.type_name or 'vGPU'} on GPU {gpu.uuid} ({gpu.host.name}) "
                        f"that the inventory does not declare, and the inventory places the VM on no GPU: its "
                        f"samples are not stored until an admin places it (an agent writes only the series of VMs "
                        f"placed on its host's GPUs).", asdict(reading))
             return
-        if not any(v.host_id == gpu.host_id for v in placed):
-            self._placed_elsewhere(agent, gpu.host.name, vm, reading, f"on GPU {gpu.uuid}")
-            return
-        declared = [v for v in self.vgpus_by_vm[vm.pk] if v.gpu_id == gpu.pk]
+        gpu_pk = gpu.pk
+        declared = [v for v in placed if v.gpu_id == gpu_pk]  # on this GPU, so on this host
         if not declared:
-            self.drift(agent, DriftKind.VGPU_MISSING, subject,
+            if not any(v.host_id == gpu.host_id for v in placed):
+                self._placed_elsewhere(agent, gpu.host.name, vm, reading, f"on GPU {gpu.uuid}")
+                return
+            self.drift(agent, DriftKind.VGPU_MISSING, f"{vm.name} on {gpu.uuid}",
                        f"VM {vm.name} runs a {reading.type_name or 'vGPU'} on GPU {gpu.uuid} ({gpu.host.name}) "
                        f"that the inventory does not declare; its samples are stored without a vGPU.",
                        asdict(reading))
@@ -850,8 +911,8 @@ class _Batch:
         else:
             device = _device_key(reading.mdev_uuid)
             # The agent names the device: that picks the vGPU among several of one profile on the GPU.
-            same = [v for v in declared if device and device in (v.device_id, v.reported)]
-            vgpu = self._declared(agent, vm, same or declared, reading, subject)
+            same = [v for v in declared if v.device_id == device or v.reported == device] if device else None
+            vgpu = self._declared(agent, vm, same or declared, reading, gpu.uuid)
             if device and device != vgpu.reported:
                 self.devices[vgpu.pk] = device
         self._vgpu_sample(vm, gpu.pk, vgpu, reading, ts)
@@ -862,6 +923,8 @@ class _Batch:
     def _guest_vgpu(self, agent: Agent, report: Report, reading: VgpuReading, ts: datetime) -> None:
         vm = self._vm(reading)
         if vm is None:
+            if self._uuid_mismatch(agent, reading, f"reported by {report.hostname or agent.name}"):
+                return
             self.drift(agent, DriftKind.UNKNOWN_VM, reading.vm_name or reading.vgpu_uuid or agent.name,
                        f"Guest {reading.vm_name or agent.name} reports a {reading.type_name or 'vGPU'}, but the "
                        f"inventory has no VM of that name; no samples are stored for it.", asdict(reading))
@@ -880,12 +943,13 @@ class _Batch:
                 host = self.hosts_by_id.get(host_id)
                 self._placed_elsewhere(agent, host.name if host else "(none)", vm, reading, "from inside")
                 return
-        vgpu = self._declared(agent, vm, declared, reading, f"{vm.name} on {declared[0].gpu.uuid}")
+        vgpu = self._declared(agent, vm, declared, reading, declared[0].gpu_uuid)
         self._vgpu_sample(vm, vgpu.gpu_id, vgpu, reading, ts)
 
     def _declared(self, agent: Agent, vm: _VmRow, declared: list[_VgpuRow], reading: VgpuReading,
-                  subject: str) -> _VgpuRow:
-        """The declared vGPU a reading belongs to: the one of its type, else the first (profile drift)."""
+                  gpu_uuid: str | None) -> _VgpuRow:
+        """The declared vGPU a reading belongs to: the one of its type, else the first (a profile drift
+        about the VM on `gpu_uuid`)."""
         if reading.type_name is None:
             return declared[0]
         key = _profile_key(reading.type_name)
@@ -893,17 +957,15 @@ class _Batch:
             if _profile_key(vgpu.profile.name) == key:
                 return vgpu
         vgpu = declared[0]
-        self.drift(agent, DriftKind.PROFILE, subject,
-                   f"VM {vm.name} runs a {reading.type_name} on GPU {vgpu.gpu.uuid}, but the inventory declares "
+        self.drift(agent, DriftKind.PROFILE, f"{vm.name} on {gpu_uuid}",
+                   f"VM {vm.name} runs a {reading.type_name} on GPU {vgpu.gpu_uuid}, but the inventory declares "
                    f"{', '.join(v.profile.name for v in declared)}.", asdict(reading))
         return vgpu
 
     def _vgpu_sample(self, vm: _VmRow, gpu_id: int, vgpu: _VgpuRow | None, reading: VgpuReading,
                      ts: datetime) -> None:
-        self.vgpu_samples[(vm.pk, gpu_id, ts)] = (
-            vm.pk, gpu_id, vgpu.pk if vgpu is not None else None, ts, reading.fb_used_mib, reading.util_gpu,
-            reading.util_mem, reading.enc_util, reading.dec_util,
-        )
+        self.vgpu_samples[(vm.pk, gpu_id, ts)] = (vm.pk, gpu_id, vgpu.pk if vgpu is not None else None, ts,
+                                                  *_vgpu_metrics(reading))
 
     # -- writes -------------------------------------------------------------------------------
 
@@ -913,7 +975,13 @@ class _Batch:
         `scheduler_reported_at` is therefore when the reading last changed."""
         if not self.schedulers:
             return
-        stored = dict(Gpu.objects.filter(pk__in=self.schedulers).values_list("pk", "scheduler_reported"))
+        if connection.vendor == "postgresql":  # one array parameter, the JSON decoded once per value
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT id, scheduler_reported FROM fleet_gpu WHERE id = ANY(%s::bigint[])",
+                               [list(self.schedulers)])
+                stored = {pk: _json(value) for pk, value in cursor.fetchall()}
+        else:
+            stored = dict(Gpu.objects.filter(pk__in=self.schedulers).values_list("pk", "scheduler_reported"))
         changed = [Gpu(pk=pk, scheduler_reported=reading, scheduler_reported_at=self.now)
                    for pk, reading in self.schedulers.items() if pk in stored and stored[pk] != reading]
         if changed:
@@ -979,7 +1047,7 @@ class _Batch:
         if not self.vgpu_health_gpus:
             return
         fields = ("vgpu_id", "type_name", *VGPU_HEALTH_FIELDS)
-        stored = {(vm_id, gpu_id): (pk, tuple(rest)) for gpu_id, pk, vm_id, *rest in _stored_state(
+        stored = {(row[2], row[0]): (row[1], row[3:]) for row in _stored_state(
             VgpuHealthState, "gpu_id", ("id", "vm_id", *fields), self.vgpu_health_gpus)}
         changed = []
         for (vm_id, gpu_id), (vgpu_id, type_name, health) in sorted(self.vgpu_health.items()):
@@ -1025,7 +1093,8 @@ class _Batch:
     def _write_samples(self) -> None:
         """Insert the samples not stored yet; a repeated or racing one is dropped by the unique key.
 
-        PostgreSQL: COPY into staging tables, then one INSERT ... ON CONFLICT DO NOTHING per
+        PostgreSQL: COPY straight into the tables (`_copy_or_insert`), and where a sample is
+        stored already, COPY into staging tables, then one INSERT ... ON CONFLICT DO NOTHING per
         table in a single statement (`_insert_staged`), no pre-read. Elsewhere: read the keys
         already stored, bulk_create the rest.
         """
@@ -1035,7 +1104,7 @@ class _Batch:
                                      strict=True))
         if connection.vendor == "postgresql":
             if self.gpu_samples or self.vgpu_samples:
-                self.stats.gpu_samples, self.stats.vgpu_samples = _insert_staged([
+                self.stats.gpu_samples, self.stats.vgpu_samples = _copy_or_insert([
                     (GpuSample, GPU_SAMPLE_COLUMNS, self.gpu_samples.values()),
                     (VgpuSample, VGPU_SAMPLE_COLUMNS, self.vgpu_samples.values())])
             return
@@ -1146,14 +1215,41 @@ def _stored_state(model: type, key: str, fields: tuple[str, ...], ids: Iterable[
             cursor.execute(f"SELECT {select} FROM {model._meta.db_table} WHERE {key} = ANY(%s::bigint[])", [ids])
             rows = cursor.fetchall()
         # Django reads jsonb as text and leaves decoding to the field; the few distinct values
-        # (lists of field or flag names) are decoded once.
+        # (lists of field or flag names) are decoded once, and rows sharing one share its value
+        # (the callers only compare them).
         for at in (i for i, c in enumerate(columns) if c in json_columns):
-            rows = [(*row[:at], _json(row[at]), *row[at + 1:]) for row in rows]
+            decoded = {text: _json(text) for text in {row[at] for row in rows}}
+            rows = [row[:at] + (decoded[row[at]],) + row[at + 1:] for row in rows]
         return rows
     time_at = [i for i, c in enumerate(columns) if c in time_columns]
     rows = model.objects.filter(**{f"{key}__in": ids}).values_list(*columns)
     return [tuple(v.timestamp() if i in time_at and v is not None else v for i, v in enumerate(row))
             for row in rows]
+
+
+def _copy_or_insert(tables: list[tuple[type, tuple[str, ...], Collection[tuple]]]) -> list[int]:
+    """PostgreSQL: insert each (model, columns, rows), skipping stored keys; return how many were new, per table.
+
+    Samples are new but for a repeated poll (a retried task, an overlapping beat), so the rows are
+    first COPied straight into the tables, under a savepoint: half the cost of staging them.
+    Where one is stored already, the unique key refuses the COPY, the savepoint undoes it, and
+    `_insert_staged` stores the others. COPY passes no execute wrapper, so the read cache is told
+    of the write here.
+    """
+    from psycopg.errors import UniqueViolation
+
+    counts = []
+    try:
+        with transaction.atomic(), connection.cursor() as cursor:
+            for model, columns, rows in tables:
+                with cursor.copy(f"COPY {model._meta.db_table} ({', '.join(columns)}) FROM STDIN") as copy:
+                    for row in rows:
+                        copy.write_row(row)
+                counts.append(len(rows))
+    except UniqueViolation:
+        return _insert_staged(tables)
+    read_cache.written(connection, [model._meta.db_table for model, _, rows in tables if rows])
+    return counts
 
 
 def _insert_staged(tables: list[tuple[type, tuple[str, ...], Iterable[tuple]]]) -> list[int]:

@@ -268,6 +268,10 @@ class VmRollup(RollupFields):
     id = models.BigAutoField(primary_key=True)
     vm = models.ForeignKey(VirtualMachine, on_delete=models.CASCADE, related_name="rollups")
     profile_fb_mib = models.FloatField(null=True, help_text="Frame buffer the VM's profiles gave it then")
+    partial = models.BooleanField(
+        default=False,
+        help_text="Some reading in the bucket lacked one of the VM's vGPUs: its frame buffer is understated, and "
+                  "right-sizing leaves the bucket out")
 
     class Meta:
         ordering = ["vm_id", "step_s", "bucket"]
@@ -302,6 +306,7 @@ class DriftKind(models.TextChoices):
     VGPU_MISSING = "vgpu_missing", "vGPU running that the inventory does not declare"
     PROFILE = "profile", "vGPU type differs from the declared profile"
     OUT_OF_SCOPE = "out_of_scope", "Reading of a VM or GPU outside the agent's host or VM (not stored)"
+    VM_UUID_MISMATCH = "vm_uuid_mismatch", "vGPU of an unknown VM UUID named like an inventory VM (not stored)"
 
 
 class Drift(models.Model):

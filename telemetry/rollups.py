@@ -33,6 +33,13 @@ busiest vGPU's), then aggregates those points; `samples` counts timestamps. Its
 `profile_fb_mib` is what the VM's current vGPU profiles give it when the bucket is built, so a
 bucket rebuilt after a resize shows the new size.
 
+A VM bucket is `partial` when at some timestamp in it fewer of the VM's vGPUs reported than it
+declares then (by GPU: samples are unique per VM, GPU and instant), e.g. one vGPU of a
+two-vGPU VM unreadable for a poll. Its frame buffer at that instant is a share of the VM's, so
+the bucket understates the VM's use: right-sizing (`sizing.suggestions`) leaves such buckets
+out rather than read a half as the whole and suggest a downsize. A poll missed whole (no
+reading of any vGPU) leaves no point, and does not make the bucket partial.
+
 Aggregates are computed in Python over rows streamed per bucket, sorted by entity
 (`values_list().iterator()`, no model instances; memory holds one entity's readings at a time),
 so they mean the same on SQLite and PostgreSQL; definitions (nearest-rank p95, nulls left out)
@@ -50,7 +57,7 @@ from operator import itemgetter
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
-from django.db.models import Sum
+from django.db.models import Count, Sum
 from django.utils import timezone
 
 from fleet.models import Vgpu
@@ -75,7 +82,7 @@ _COMMON_UPDATE = ["samples", "util_gpu_avg", "util_gpu_max", "util_gpu_p95", "ut
                   "dec_util_avg", "dec_util_max"]
 GPU_ROLLUP_UPDATE_FIELDS = [*_COMMON_UPDATE, "fb_total_mib", "temp_c_avg", "temp_c_max", "power_w_avg",
                             "power_w_max", "sm_clock_mhz_avg"]
-VM_ROLLUP_UPDATE_FIELDS = [*_COMMON_UPDATE, "profile_fb_mib"]
+VM_ROLLUP_UPDATE_FIELDS = [*_COMMON_UPDATE, "profile_fb_mib", "partial"]
 
 
 def checkpoint_name(kind: str, step_s: int) -> str:
@@ -150,9 +157,15 @@ def vm_points(rows: list[tuple]) -> list[list]:
     return points
 
 
+def fewest_readings(rows: list[tuple]) -> int:
+    """The fewest vGPU readings at one timestamp among one VM's readings `(ts, ...)`, sorted by time."""
+    return min(sum(1 for _ in group) for _, group in groupby(rows, key=itemgetter(0))) if rows else 0
+
+
 def vm_rollup(step_s: int, bucket: datetime, vm_id: int, points: list[list], profile_fb_mib: float | None,
-              ) -> VmRollup:
-    """One VM's rollup from its merged points in the bucket (see `vm_points`)."""
+              partial: bool = False) -> VmRollup:
+    """One VM's rollup from its merged points in the bucket (see `vm_points`); `partial` when some
+    point lacks one of its declared vGPUs (see the module docstring)."""
     fb_used, util_gpu, util_mem, enc, dec = zip(*points, strict=True)
     fb, ug, um, en, de = map(summarize, (fb_used, util_gpu, util_mem, enc, dec))
     return VmRollup(
@@ -161,14 +174,16 @@ def vm_rollup(step_s: int, bucket: datetime, vm_id: int, points: list[list], pro
         util_mem_avg=um.avg, util_mem_max=um.max,
         fb_used_mib_avg=fb.avg, fb_used_mib_max=fb.max, fb_used_mib_p95=fb.p95,
         enc_util_avg=en.avg, enc_util_max=en.max, dec_util_avg=de.avg, dec_util_max=de.max,
-        profile_fb_mib=profile_fb_mib,
+        profile_fb_mib=profile_fb_mib, partial=partial,
     )
 
 
-def current_profile_fb() -> dict[int, float]:
-    """Frame buffer each VM's current vGPUs give it (sum of their profiles), MiB, by VM id."""
-    totals = Vgpu.objects.order_by().values("vm_id").annotate(fb=Sum("profile__fb_mib")).values_list("vm_id", "fb")
-    return {vm_id: float(fb) for vm_id, fb in totals}
+def current_profile_fb() -> dict[int, tuple[float, int]]:
+    """By VM id: the frame buffer its current vGPUs give it (sum of their profiles, MiB) and the
+    number of GPUs they sit on (readings a complete timestamp holds)."""
+    totals = Vgpu.objects.order_by().values("vm_id").annotate(
+        fb=Sum("profile__fb_mib"), gpus=Count("gpu_id", distinct=True)).values_list("vm_id", "fb", "gpus")
+    return {vm_id: (float(fb), gpus) for vm_id, fb, gpus in totals}
 
 
 class _Series:
@@ -179,7 +194,7 @@ class _Series:
         self.step_s = step_s
         self.name = checkpoint_name(kind, step_s)
         self.samples_model = GpuSample if kind == "gpu" else VgpuSample
-        self._profile_fb: dict[int, float] | None = None
+        self._profile_fb: dict[int, tuple[float, int]] | None = None
 
     def next_bucket(self, since: datetime, before: datetime) -> datetime | None:
         """Start of the first bucket at or after `since` that holds a sample, if it starts before
@@ -213,7 +228,9 @@ class _Series:
         for vm_id, group in groupby(rows, key=itemgetter(0)):
             readings = [row[1:] for row in group]
             count += len(readings)
-            rollups.append(vm_rollup(self.step_s, bucket, vm_id, vm_points(readings), self._profile_fb.get(vm_id)))
+            profile_fb, gpus = self._profile_fb.get(vm_id, (None, 0))
+            rollups.append(vm_rollup(self.step_s, bucket, vm_id, vm_points(readings), profile_fb,
+                                     partial=fewest_readings(readings) < gpus))
         return count, rollups
 
     def write(self, rollups: list[GpuRollup] | list[VmRollup]) -> None:

@@ -9,6 +9,7 @@ NVIDIA's real figures from fleet.catalog.
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -310,6 +311,25 @@ def test_hours_under_another_profile_size_are_left_out():
     assert advice.evidence["other_size_hours"] == 200
 
 
+def test_hours_with_not_every_vgpu_reported_are_left_out():
+    """A two-vGPU VM whose second vGPU went unreported reads half its frame buffer in those hours:
+    they must not pull the figures down into a downsize."""
+    complete = hours(100, p95=pct_of(60, 2 * TWELVE_Q), mean=pct_of(55, 2 * TWELVE_Q))
+    halves = [replace(h, start=h.start + timedelta(days=5), partial=True)
+              for h in hours(200, p95=pct_of(30, 2 * TWELVE_Q), mean=pct_of(28, 2 * TWELVE_Q), util=10)]
+    advice = run("L40S-12Q", complete + halves, vgpus=2)
+    assert advice.action == KEEP
+    assert (advice.evidence["covered_hours"], advice.evidence["partial_hours"]) == (100, 200)
+    assert advice.evidence["fb_p95_pct"] == 60.0
+
+    only_halves = run("L40S-12Q", halves, vgpus=2)
+    assert only_halves.action == INSUFFICIENT_DATA
+    assert only_halves.reason == ("0 h of data in 14 days; needs 72 h (200 h with not every vGPU reported "
+                                  "left out)")
+    # Read as whole hours, the same readings would have asked for a smaller profile.
+    assert run("L40S-12Q", [replace(h, partial=False) for h in halves], vgpus=2).action == DOWNSIZE
+
+
 def test_thresholds_are_tunable():
     usage = hours(100, p95=pct_of(85, TWELVE_Q), mean=pct_of(50, TWELVE_Q))
     assert run("RTX6000-12Q", usage).action == KEEP
@@ -322,10 +342,10 @@ def test_thresholds_are_tunable():
 # Evidence --------------------------------------------------------------------------------
 
 EVIDENCE_KEYS = {
-    "window_days", "covered_hours", "active_hours", "other_size_hours", "fb_p95_mib", "fb_peak_mib", "fb_mean_mib",
-    "fb_p95_pct", "fb_peak_pct", "fb_mean_pct", "hours_over_high_pct", "util_gpu_p95_pct", "util_gpu_mean_pct",
-    "enc_util_max_pct", "enc_util_mean_pct", "current_profile", "vgpus", "profile_fb_mib", "suggested_profile",
-    "suggested_vgpus", "suggested_fb_mib", "thresholds", "daily",
+    "window_days", "covered_hours", "active_hours", "other_size_hours", "partial_hours", "fb_p95_mib", "fb_peak_mib",
+    "fb_mean_mib", "fb_p95_pct", "fb_peak_pct", "fb_mean_pct", "hours_over_high_pct", "util_gpu_p95_pct",
+    "util_gpu_mean_pct", "enc_util_max_pct", "enc_util_mean_pct", "current_profile", "vgpus", "profile_fb_mib",
+    "suggested_profile", "suggested_vgpus", "suggested_fb_mib", "thresholds", "daily",
 }
 
 

@@ -14,7 +14,7 @@ from django.test.utils import CaptureQueriesContext
 from fleet import requests as resize_requests
 from fleet import services
 from fleet.models import AuditEvent, Notification, ResizeRequest, Vgpu
-from fleet.tests.factories import GpuFactory, HostFactory, VirtualMachineFactory, profile
+from fleet.tests.factories import GpuFactory, HostFactory, VirtualMachineFactory, gpu_model, profile
 from sizing import engine
 from sizing.models import Suggestion
 from sizing.queries import suggestion_summary, suggestions_for
@@ -128,6 +128,31 @@ def test_suggestions_follow_the_rollups_built_from_raw_samples():
     assert (advice.action, advice.suggested_profile.name) == ("upsize", "RTX6000-24Q")
     assert advice.evidence["fb_p95_mib"] == 11_800.0
     assert advice.evidence["covered_hours"] == 96
+
+
+def test_hours_missing_one_of_a_vms_vgpus_do_not_make_a_downsize():
+    """A VM with two L40S-12Q whose second vGPU went unreported for four days: its hours read half
+    the frame buffer it holds, so they are left out instead of read as a downsize."""
+    host = HostFactory(name="render-03")
+    gpu_1, gpu_2 = (GpuFactory(host=host, gpu_model=gpu_model("NVIDIA L40S"), pci_bus_id=bus)
+                    for bus in ("00000000:3B:00.0", "00000000:5E:00.0"))
+    vm = VirtualMachineFactory(name="ws-dual")
+    services.place_vgpu(vm, gpu_1, profile("L40S-12Q"))
+    services.place_vgpu(vm, gpu_2, profile("L40S-12Q"))
+    start = END - timedelta(days=4)
+    # 8 GiB used on each vGPU: 16 of 24 GiB, which no smaller pair of profiles holds.
+    vgpu_samples(vm, gpu_1, start, 4 * 24 * 6, every_s=600, fb_used_mib=8192.0, util_gpu=10.0, enc_util=0.0)
+    vgpu_samples(vm, gpu_2, start, 6, every_s=600, fb_used_mib=8192.0, util_gpu=10.0, enc_util=0.0)
+    build_rollups(3600, now=NOW, max_buckets=200)
+    assert VmRollup.objects.filter(vm=vm, step_s=3600, partial=True).count() == 95
+
+    refresh_suggestions(now=NOW)
+
+    advice = suggestion_of(vm)
+    assert advice.action == "insufficient_data"
+    assert advice.suggested_profile is None
+    assert (advice.evidence["covered_hours"], advice.evidence["partial_hours"]) == (1, 95)
+    assert "95 h with not every vGPU reported left out" in advice.reason
 
 
 # Refreshing --------------------------------------------------------------------------------------

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from datetime import timedelta
 from pathlib import Path
 
 import pytest
+from django.db import connection
 from django.utils import timezone
 
 from fleet.models import Gpu, VirtualMachine
@@ -278,3 +280,107 @@ def test_shards_respect_the_batch_size(settings):
 )
 def test_metrics_url(kind, url, polled):
     assert collect.metrics_url(Agent(kind=kind, url=url)) == polled
+
+
+# One bad report must not cost the batch ------------------------------------------------------------
+
+# A database that refuses the rows of one GPU: a trigger raising as PostgreSQL or SQLite would for a
+# value the column cannot hold, for the first `failures` inserts (all, by default). The trigger and
+# its counter are the test transaction's and go with it.
+_POISON_PG = """
+CREATE SEQUENCE poison_seq;
+CREATE FUNCTION poison_gpu() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+  IF NEW.gpu_id = {gpu_id} AND nextval('poison_seq') <= {failures} THEN
+    RAISE EXCEPTION 'sample of GPU % refused', NEW.gpu_id USING ERRCODE = '{sqlstate}';
+  END IF;
+  RETURN NEW;
+END $$;
+CREATE TRIGGER poison_gpu BEFORE INSERT ON telemetry_gpusample FOR EACH ROW EXECUTE FUNCTION poison_gpu();
+"""
+_POISON_SQLITE = """
+CREATE TRIGGER poison_gpu BEFORE INSERT ON telemetry_gpusample WHEN NEW.gpu_id = {gpu_id}
+BEGIN SELECT RAISE(ABORT, 'sample refused'); END
+"""
+NUMERIC_VALUE_OUT_OF_RANGE = "22003"
+DEADLOCK_DETECTED = "40P01"
+
+
+def poison(gpu: Gpu, sqlstate: str = NUMERIC_VALUE_OUT_OF_RANGE, failures: int = 1_000_000) -> None:
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            cursor.execute(_POISON_PG.format(gpu_id=gpu.pk, failures=failures, sqlstate=sqlstate))
+        else:
+            cursor.execute(_POISON_SQLITE.format(gpu_id=gpu.pk))
+
+
+@contextlib.contextmanager
+def three_hosts_one_poisoned_agent(behaviour: str | None = None):
+    """Hosts calm-a and calm-b served by real agents, and host poisoned's agent: real too, or a
+    FakeAgent of `behaviour` (serving a body given by the caller). Yields (ids, hosts, agents)."""
+    hosts = [inventory_host(name, gpus=2, vgpus_per_gpu=2) for name in ("calm-a", "calm-b", "poisoned")]
+    agents = [polled_agent(host.name, "http://placeholder", host=host) for host in hosts]
+    with contextlib.ExitStack() as stack:
+        for host, agent in zip(hosts, agents, strict=True):
+            server = stack.enter_context(real_agent(host, agent.token))
+            Agent.objects.filter(pk=agent.pk).update(url=server.url)
+        yield [agent.pk for agent in agents], hosts, agents
+
+
+def test_a_report_the_database_refuses_costs_only_its_agent(caplog):
+    with three_hosts_one_poisoned_agent() as (ids, (calm_a, calm_b, poisoned), _):
+        poison(Gpu.objects.filter(host=poisoned).first())
+        result = collect.poll_batch(ids, pool=ConnectionPool())
+
+    assert samples_of(calm_a) == (2, 4)
+    assert samples_of(calm_b) == (2, 4)
+    assert samples_of(poisoned) == (0, 0)
+    assert (result.polled, result.ok, result.failed) == (3, 2, 1)
+    assert (result.gpu_samples, result.vgpu_samples) == (4, 8)
+    bad = Agent.objects.get(name="poisoned")
+    assert bad.status == AgentStatus.ERROR
+    assert bad.last_error.startswith("samples could not be stored: ")
+    assert "refused" in bad.last_error
+    for agent in Agent.objects.filter(name__startswith="calm-"):
+        assert (agent.status, agent.last_error) == (AgentStatus.OK, "")
+    assert "storing them one by one" in caplog.text
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="a transient error raised by the database: PostgreSQL's")
+@pytest.mark.django_db(transaction=True, serialized_rollback=True)
+def test_a_transient_database_error_is_retried_and_nothing_is_lost():
+    # Transactional: the retry closes the broken connection, as a worker's would be.
+    with three_hosts_one_poisoned_agent() as (ids, hosts, _):
+        # The first insert of the batch meets a deadlock: the store is tried again.
+        poison(Gpu.objects.filter(host=hosts[2]).first(), DEADLOCK_DETECTED, failures=1)
+        try:
+            result = collect.poll_batch(ids, pool=ConnectionPool())
+        finally:
+            with connection.cursor() as cursor:
+                cursor.execute("DROP TRIGGER poison_gpu ON telemetry_gpusample; DROP FUNCTION poison_gpu(); "
+                               "DROP SEQUENCE poison_seq")
+
+    assert (result.ok, result.failed) == (3, 0)
+    assert [samples_of(host) for host in hosts] == [(2, 4)] * 3
+    assert GpuSample.objects.count() == 6, "each sample once, though the batch was stored twice"
+
+
+def test_a_body_that_crashes_the_parser_costs_only_its_agent(caplog):
+    hosts = [inventory_host(name, gpus=2, vgpus_per_gpu=2) for name in ("calm-a", "calm-b")]
+    agents = [polled_agent(host.name, "http://placeholder", host=host) for host in hosts]
+    # Nested deeper than any parser's recursion: not a PayloadError the parser foresaw.
+    deep = b"[" * 200_000 + b"]" * 200_000
+    with contextlib.ExitStack() as stack:
+        for host, agent in zip(hosts, agents, strict=True):
+            server = stack.enter_context(real_agent(host, agent.token))
+            Agent.objects.filter(pk=agent.pk).update(url=server.url)
+        crash = stack.enter_context(FakeAgent("text", body=deep))
+        crasher = polled_agent("crasher", crash.url)
+        result = collect.poll_batch([agent.pk for agent in agents] + [crasher.pk], pool=ConnectionPool())
+
+    assert [samples_of(host) for host in hosts] == [(2, 4)] * 2
+    assert (result.ok, result.failed) == (2, 1)
+    crasher.refresh_from_db()
+    assert crasher.status == AgentStatus.ERROR
+    assert crasher.last_error.startswith(f"cannot read the answer of {crash.url}/v1/metrics: RecursionError")
+    assert "unexpected error parsing" in caplog.text

@@ -14,6 +14,7 @@ from fleet import services
 from fleet.models import Gpu, GpuModel, Host, Vgpu
 from fleet.placement import PlacementError
 from fleet.tests.factories import GpuFactory, HostFactory, VirtualMachineFactory, profile
+from telemetry import inventory_cache
 from telemetry.ingest import PLACEHOLDER_CPU_THREADS, PLACEHOLDER_RAM_GIB, sample_time, store_reports
 from telemetry.models import Drift, DriftKind, GpuSample, VgpuSample
 from telemetry.sources.dcgm import parse_dcgm_metrics
@@ -387,6 +388,42 @@ def test_vm_found_by_name_where_the_hypervisor_gives_no_uuid(world):
     assert not Drift.objects.exists()
 
 
+def test_a_vm_uuid_the_inventory_does_not_know_is_not_mapped_by_its_name(world):
+    # A clone or a rebuilt VM under the name of an inventory VM: its usage must not feed that VM's series.
+    clone = vgpu_reading(STRAY_VM, "ws-lighting-01", fb_used_mib=512)
+
+    stats = store_reports([(world.agent, report("render-01", [gpu_reading(world.gpu.uuid, vgpus=[clone])]))],
+                          received_at=T0)
+
+    assert (stats.gpu_samples, stats.vgpu_samples, stats.drifts) == (1, 0, 1)
+    assert not VgpuSample.objects.exists()
+    assert _open(DriftKind.UNKNOWN_VM) == []
+    (drift,) = _open(DriftKind.VM_UUID_MISMATCH)
+    assert drift.subject == STRAY_VM
+    assert drift.agent == world.agent
+    assert drift.detail.startswith(
+        f"A NVIDIA L40S-12Q on GPU {world.gpu.uuid} (render-01) runs for VM UUID {STRAY_VM} named ws-lighting-01; "
+        f"the inventory's VM ws-lighting-01 has UUID {world.lighting.uuid}. Not stored")
+    assert drift.reported["vm_uuid"] == STRAY_VM
+
+    # The VM's own reading maps, and the difference, no longer reported, is over.
+    store_reports([(world.agent, report("render-01", [gpu_reading(world.gpu.uuid, vgpus=[_lighting_reading(world)])],
+                                        T0 + 10))], received_at=T0 + 10)
+    assert VgpuSample.objects.get().vm == world.lighting
+    assert _open(DriftKind.VM_UUID_MISMATCH) == []
+
+
+def test_a_mismatched_reading_costs_only_itself(world):
+    clone = vgpu_reading(STRAY_VM, "ws-lighting-01")
+    layout = vgpu_reading(str(world.layout.uuid), "ws-layout-02", type_name="NVIDIA L40S-4Q")
+    gpus = [gpu_reading(world.gpu.uuid, vgpus=[clone]), gpu_reading(world.gpu_2.uuid, vgpus=[layout])]
+
+    stats = store_reports([(world.agent, report("render-01", gpus))], received_at=T0)
+
+    assert (stats.gpu_samples, stats.vgpu_samples) == (2, 1)
+    assert VgpuSample.objects.get().vm == world.layout
+
+
 def test_vgpu_the_inventory_does_not_declare_is_stored_without_a_vgpu(world):
     # ws-layout-02 is placed on render-01's second GPU: running on the first, it is still this host's VM.
     running = vgpu_reading(str(world.layout.uuid), "ws-layout-02", type_name="GRID L40S-4Q")
@@ -442,6 +479,8 @@ MDEV_NEW = "0a1b2c3d-4e5f-4a6b-8c7d-9e0f1a2b3c4d"
 
 
 def _queries_of(report_, at: float) -> int:
+    """The queries of storing `report_` as a worker that kept no copy of the inventory would make."""
+    inventory_cache.CACHE.clear()
     with CaptureQueriesContext(connection) as queries:
         store_reports([report_], received_at=at)
     return len(queries)
@@ -535,7 +574,7 @@ def test_nothing_is_half_stored_when_a_write_fails(world, monkeypatch):
         raise RuntimeError("disk full")
 
     monkeypatch.setattr(VgpuSample.objects, "bulk_create", broken)
-    monkeypatch.setattr(ingest_module, "_insert_staged", broken)  # the PostgreSQL writer
+    monkeypatch.setattr(ingest_module, "_copy_or_insert", broken)  # the PostgreSQL writer
     items = [(world.agent, report("render-01", [
         gpu_reading(world.gpu.uuid, vgpus=[_lighting_reading(world)]),
         gpu_reading("GPU-would-be-discovered", index=1, pci_bus_id="00000000:E1:00.0")]))]

@@ -8,10 +8,16 @@ the second batch below must map like a fresh process would.
 
 from __future__ import annotations
 
+import time
+
 import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 
 from fleet import services
+from fleet.models import VirtualMachine
 from fleet.tests.factories import GpuFactory, profile
+from telemetry import inventory_cache
 from telemetry.ingest import store_reports
 from telemetry.models import Drift, DriftKind, GpuSample, VgpuSample
 from telemetry.tests.ingest_world import T0, gpu_reading, l40s_world, report, vgpu_reading
@@ -115,3 +121,57 @@ def test_a_model_renamed_between_batches_is_compared_by_its_new_name(world):
 
     (drift,) = _open(DriftKind.GPU_MODEL)
     assert drift.detail.endswith("reports itself as NVIDIA L40S; the inventory says NVIDIA L40S Rev B.")
+
+
+def _inventory_reads(queries) -> list[str]:
+    tables = ("fleet_gpu", "fleet_virtualmachine", "fleet_vgpu")
+    return [q["sql"] for q in queries.captured_queries
+            if any(f"FROM {table}" in q["sql"].replace('"', "") for table in tables)]
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="the collector's copy of the inventory is PostgreSQL's")
+def test_a_batch_after_an_unchanged_inventory_reads_none_of_it(world):
+    lighting = vgpu_reading(str(world.lighting.uuid), "ws-lighting-01")
+    _batch(world, [gpu_reading(world.gpu.uuid, vgpus=[lighting])], T0)
+
+    with CaptureQueriesContext(connection) as queries:
+        stats = _batch(world, [gpu_reading(world.gpu.uuid, vgpus=[lighting])], T0 + 10)
+
+    assert (stats.gpu_samples, stats.vgpu_samples) == (1, 1)
+    assert _inventory_reads(queries) == []
+
+    # Any write to an inventory table, by any code going through Django, drops the copy.
+    VirtualMachine.objects.filter(pk=world.layout.pk).update(name="ws-layout-renamed")
+    with CaptureQueriesContext(connection) as queries:
+        _batch(world, [gpu_reading(world.gpu.uuid, vgpus=[lighting])], T0 + 20)
+    assert _inventory_reads(queries) != []
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="the collector's copy of the inventory is PostgreSQL's")
+def test_the_copy_is_read_again_after_its_age_limit_for_changes_made_outside_django(world, settings):
+    lighting = vgpu_reading(str(world.lighting.uuid), "ws-lighting-01")
+    _batch(world, [gpu_reading(world.gpu.uuid, vgpus=[lighting])], T0)
+    # SQL by hand, as psql would run it: no version moves.
+    with connection.connection.cursor() as cursor:
+        cursor.execute("UPDATE fleet_virtualmachine SET uuid = %s WHERE id = %s",
+                       ["0b6d9c4e-1f2a-4b3c-8d4e-5f6a7b8c9d0e", world.lighting.pk])
+    settings.TELEMETRY_INVENTORY_CACHE_MAX_AGE_S = 0.05
+    time.sleep(0.1)
+
+    stats = _batch(world, [gpu_reading(world.gpu.uuid, vgpus=[lighting])], T0 + 10)
+
+    assert stats.vgpu_samples == 0, "the VM's UUID changed: its old UUID maps no more"
+    assert _open(DriftKind.VM_UUID_MISMATCH)
+
+
+def test_with_the_read_cache_off_every_batch_reads_the_inventory(world, settings):
+    settings.READ_CACHE_ENABLED = False
+    lighting = vgpu_reading(str(world.lighting.uuid), "ws-lighting-01")
+    _batch(world, [gpu_reading(world.gpu.uuid, vgpus=[lighting])], T0)
+
+    with CaptureQueriesContext(connection) as queries:
+        stats = _batch(world, [gpu_reading(world.gpu.uuid, vgpus=[lighting])], T0 + 10)
+
+    assert stats.vgpu_samples == 1
+    assert _inventory_reads(queries) != []
+    assert inventory_cache.CACHE.rows() == 0

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from telemetry import aggregation, rollups
 from telemetry.aggregation import bucket_floor, p95, percentile_nearest_rank, summarize, weighted_mean
-from telemetry.models import GpuRollup, RollupCheckpoint, VmRollup
+from telemetry.models import GpuRollup, RollupCheckpoint, VgpuSample, VmRollup
 from telemetry.rollup_tasks import build_rollups as build_rollups_task
 from telemetry.rollups import build_rollups, rewind_rollups
 from telemetry.schedules import BUILD_ROLLUPS_EVERY_S as BUILD_EVERY_S
@@ -118,8 +118,28 @@ def test_vm_bucket_sums_frame_buffer_over_its_vgpus_and_takes_the_busiest(world)
     assert ana.util_mem_max == 19.0
     assert ana.enc_util_avg is None
     assert ana.profile_fb_mib == 2 * 12288  # two L40S-12Q
+    assert not ana.partial
     bob = VmRollup.objects.get(vm=world.vm_bob, step_s=300, bucket=T0)
     assert (bob.samples, bob.fb_used_mib_avg, bob.util_gpu_max, bob.profile_fb_mib) == (10, 8192.0, 90.0, 12288)
+
+
+def test_vm_bucket_missing_a_vgpus_readings_is_partial(world):
+    # ws-ana declares two vGPUs; at 10:02:00 and 10:02:10 only the one on GPU 1 reported.
+    vgpu_samples(world.vm_ana, world.gpu_1, T0, 30, fb_used_mib=4096.0, util_gpu=30.0)
+    second = vgpu_samples(world.vm_ana, world.gpu_2, T0, 30, fb_used_mib=4096.0, util_gpu=30.0)
+    VgpuSample.objects.filter(pk__in=[second[12].pk, second[13].pk]).delete()
+    vgpu_samples(world.vm_bob, world.gpu_2, T0, 30, fb_used_mib=8192.0, util_gpu=90.0)
+    # The next bucket is whole again.
+    vgpu_samples(world.vm_ana, world.gpu_1, at(300), 30, fb_used_mib=4096.0)
+    vgpu_samples(world.vm_ana, world.gpu_2, at(300), 30, fb_used_mib=4096.0)
+
+    build_rollups(300, now=at(700))
+
+    ana = VmRollup.objects.get(vm=world.vm_ana, step_s=300, bucket=T0)
+    assert ana.partial
+    assert (ana.samples, ana.fb_used_mib_max) == (30, 8192.0)
+    assert not VmRollup.objects.get(vm=world.vm_ana, step_s=300, bucket=at(300)).partial
+    assert not VmRollup.objects.get(vm=world.vm_bob, step_s=300, bucket=T0).partial
 
 
 def test_incomplete_bucket_is_not_written(world):
