@@ -367,11 +367,13 @@ def _stored_rows(rows: Iterable[tuple], whole: tuple[int, ...]) -> list[tuple]:
     frame buffer) rounds half up to the whole percent, degree, MiB or MHz, as the pages show it."""
     stored = []
     for row in rows:
-        row = list(row)
-        for i in whole:
-            if row[i] is not None:
-                row[i] = math.floor(row[i] + 0.5)
-        stored.append(tuple(row))
+        if any(type(row[i]) is float for i in whole):  # most readings arrive whole: kept as they are
+            row = list(row)
+            for i in whole:
+                if row[i] is not None:
+                    row[i] = math.floor(row[i] + 0.5)
+            row = tuple(row)
+        stored.append(row)
     return stored
 
 

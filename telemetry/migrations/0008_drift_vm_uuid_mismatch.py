@@ -6,7 +6,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('telemetry', '0006_health_state'),
+        ('telemetry', '0007_partition_samples'),
     ]
 
     operations = [

@@ -6,7 +6,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('telemetry', '0007_drift_vm_uuid_mismatch'),
+        ('telemetry', '0008_drift_vm_uuid_mismatch'),
     ]
 
     operations = [
