@@ -93,7 +93,7 @@ def world():
     world = studio()
     Agent.objects.create(name="agent-render-01", url="http://render-01:9410", host=world.host,
                          last_seen=timezone.now())
-    GpuSample.objects.create(gpu=world.gpu_1, ts=timezone.now() - timedelta(seconds=5), util_gpu=73.4, temp_c=61.0,
+    GpuSample.objects.create(gpu=world.gpu_1, ts=timezone.now() - timedelta(seconds=5), util_gpu=73, temp_c=61,
                              fb_used_mib=9000, fb_total_mib=49152)
     return world
 
@@ -347,7 +347,7 @@ def test_csv_of_gpus_vms_and_artists_carry_units_and_figures(staff, world):
     assert gpus[0] == ["host", "pci_bus_id", "uuid", "model", "mode", "size_mode", "fb_allocated_mib",
                        "fb_physical_mib", "vgpus", "util_gpu_pct", "temp_c", "sampled_at_utc"]
     assert gpus[1][:11] == ["render-01", "00000000:3B:00.0", "GPU-aaaa-0001", "NVIDIA L40S", "vgpu", "equal",
-                            "12288", "49152", "1", "73.4", "61.0"]
+                            "12288", "49152", "1", "73", "61"]
     assert gpus[1][11].endswith("+00:00")
     assert gpus[3][9:] == ["", "", ""], "no sample: empty cells, not zeros"
 
@@ -363,11 +363,11 @@ def test_csv_of_gpus_vms_and_artists_carry_units_and_figures(staff, world):
 def test_csv_decorates_every_chunk(staff, world, monkeypatch):
     """Rows stream in chunks; each chunk gets its latest samples, so no GPU loses them."""
     monkeypatch.setattr(listing, "CSV_CHUNK_ROWS", 2)
-    GpuSample.objects.create(gpu=world.gpu_idle, ts=timezone.now(), util_gpu=11.0, temp_c=40.0)
+    GpuSample.objects.create(gpu=world.gpu_idle, ts=timezone.now(), util_gpu=11, temp_c=40)
 
     rows = csv_rows(staff.get("/gpus/", {"format": "csv"}))
 
-    assert [row[9] for row in rows[1:]] == ["73.4", "", "11.0"]
+    assert [row[9] for row in rows[1:]] == ["73", "", "11"]
 
 
 def test_csv_neutralizes_formulas_in_names(staff):
