@@ -410,6 +410,71 @@ def main() -> int:
     return max(failed_off, failed_on)
 
 
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def _proc_cpu_s(pid: int, *, children: bool = False) -> float:
+    """CPU seconds of process `pid` (user + system), with its exited children's if `children`;
+    0 if it is gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    ticks = int(fields[11]) + int(fields[12]) + (int(fields[13]) + int(fields[14]) if children else 0)
+    return ticks / CLOCK_TICKS
+
+
+def _children(pid: int) -> list[int]:
+    return [int(child) for task in Path(f"/proc/{pid}/task").glob("*") for child in _read(task / "children").split()]
+
+
+def _database_backends() -> list[int]:
+    """PostgreSQL's server processes serving this database (the pages' and the writer's)."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pid FROM pg_stat_activity WHERE datname = current_database()")
+        return [row[0] for row in cursor.fetchall()]
+
+
+def _redis_pids() -> list[int]:
+    return [int(p.parent.name) for p in Path("/proc").glob("[0-9]*/comm")
+            if p.exists() and _read(p).strip() == "redis-server"]
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text()
+    except OSError:
+        return ""
+
+
+class CpuMeter:
+    """CPU seconds used by each part of the stack between `start()` and `stop()`: the gunicorn
+    master and its workers (exited, recycled workers included through the master's children's
+    time), PostgreSQL's backends of the bench database, Redis (shared with whatever else uses
+    that server), and this process (the clients and the writer). CPU time, unlike latency, is
+    barely disturbed by other work on a shared machine, so CPU ms per request is the figure
+    that compares code changes there."""
+
+    def __init__(self, server_pid: int):
+        self.server_pid = server_pid
+
+    def snapshot(self) -> dict[str, float]:
+        backends = _database_backends()
+        return {
+            "gunicorn": _proc_cpu_s(self.server_pid, children=True) + sum(map(_proc_cpu_s, _children(self.server_pid))),
+            "postgresql": sum(map(_proc_cpu_s, backends)),
+            "redis": sum(map(_proc_cpu_s, _redis_pids())),
+            "clients": time.process_time(),
+        }
+
+    def start(self) -> None:
+        self.started = self.snapshot()
+
+    def stop(self) -> dict[str, float]:
+        ended = self.snapshot()
+        return {part: ended[part] - self.started[part] for part in ended}
+
+
 def measure(args, admin_password: str, token: str, *, read_cache: bool) -> tuple[int, tuple[float, float]]:
     """One run: gunicorn started with the read cache on or off, the clients and the writer.
     Returns the exit status of `report` and (requests/s, p95 ms) over all targets."""
@@ -429,17 +494,29 @@ def measure(args, admin_password: str, token: str, *, read_cache: bool) -> tuple
         writes = [0, 0]
         if not args.no_writes:
             threads.append(threading.Thread(target=writer, args=(until, writes)))
-        started_cpu_s, started_s = time.process_time(), time.monotonic()
+        meter, used = CpuMeter(server.pid), {}
+
+        def meter_the_measured_window() -> None:
+            time.sleep(max(0.0, record_after - time.monotonic()))
+            meter.start()
+            time.sleep(max(0.0, until - time.monotonic()))
+            used.update(meter.stop())
+
+        threads.append(threading.Thread(target=meter_the_measured_window))
         for thread in threads:
             thread.start()
         for thread in threads:
             thread.join()
-        client_cpu = (time.process_time() - started_cpu_s) / (time.monotonic() - started_s)
-        print(f"load average after: {os.getloadavg()[0]:.2f}; the clients (and the writer) used {client_cpu:.2f} "
-              f"of a core; writes: {writes[0]} agent status updates of {AGENTS_SEEN_PER_S} agents, "
-              f"{writes[1]} host edits")
+        print(f"load average after: {os.getloadavg()[0]:.2f}; writes: {writes[0]} agent status updates of "
+              f"{AGENTS_SEEN_PER_S} agents, {writes[1]} host edits")
         every = sorted(v for values in results.latencies_ms.values() for v in values)
-        return report(results, args.seconds), (len(every) / args.seconds, percentile(every, 95))
+        status = report(results, args.seconds)
+        if every:
+            print("CPU per request (ms), measured window: " + ", ".join(
+                f"{part} {seconds * 1000 / len(every):.2f}" for part, seconds in used.items())
+                + f"; all {sum(used.values()) * 1000 / len(every):.2f} (of a core: "
+                + ", ".join(f"{part} {seconds / args.seconds:.2f}" for part, seconds in used.items()) + ")")
+        return status, (len(every) / args.seconds, percentile(every, 95))
     finally:
         server.terminate()
         server.wait(timeout=30)

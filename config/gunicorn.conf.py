@@ -20,8 +20,11 @@ keepalive = 30
 # A request stuck longer than this (a hung query) gets its worker replaced.
 timeout = 60
 # Recycle workers now and then, so a slow leak in a long-running deployment cannot grow forever.
-max_requests = 5000
-max_requests_jitter = 500
+# Not too often: a busy server answers several hundred requests a second, and each new worker
+# costs a second of CPU to start and answers its first requests with cold per-process state
+# (bench/load.py: at 5,000 each worker was replaced every half minute under load).
+max_requests = 100_000
+max_requests_jitter = 10_000
 # One line per request on stdout (the container's log); "off" for none.
 _access_log = os.environ.get("WEB_ACCESS_LOG") or "-"
 accesslog = None if _access_log == "off" else _access_log
