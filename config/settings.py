@@ -411,6 +411,10 @@ TELEMETRY_BATCH_SIZE = int(env_float("TELEMETRY_BATCH_SIZE", 50))
 # Agents of one batch fetched at once (threads of one poll_batch task). By default all of
 # them, so a batch ends within its longest timeout even when every agent in it is down.
 TELEMETRY_POLL_CONCURRENCY = int(env_float("TELEMETRY_POLL_CONCURRENCY", TELEMETRY_BATCH_SIZE))
+# Collection split across worker queues (telemetry/shards.py; docs/operations.md, "Scaling out"):
+# above 1, each agent's batches go to the queue <CELERY_QUEUE>.collect.<k> of its shard k, and
+# every one of those queues needs a worker consuming it. 1: the default queue, as before.
+TELEMETRY_COLLECT_SHARDS = env_int("TELEMETRY_COLLECT_SHARDS", 1, minimum=1)
 TELEMETRY_MAX_RESPONSE_BYTES = int(env_float("TELEMETRY_MAX_RESPONSE_BYTES", 4 * 1024 * 1024))
 TELEMETRY_MAX_CLOCK_SKEW_S = env_float("TELEMETRY_MAX_CLOCK_SKEW_S", 300.0)
 # The collector's per-process copy of the inventory (telemetry/inventory_cache.py): dropped when
