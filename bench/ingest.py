@@ -98,6 +98,26 @@ def serve_agents(spec_path: str, ready: multiprocessing.Event) -> None:
     asyncio.run(main())
 
 
+def start_agents(spec: list[dict], file_name: str) -> multiprocessing.Process | None:
+    """The agents of `spec` served by a process of their own (its spec written to var/`file_name`),
+    once they listen; None (said on stderr) if they do not start within a minute. The database
+    connection of this process is closed first: a forked child must not share its session."""
+    from django.db import connection
+
+    spec_path = ROOT / "var" / file_name
+    spec_path.parent.mkdir(exist_ok=True)
+    spec_path.write_text(json.dumps(spec))
+    connection.close()
+    ready = multiprocessing.Event()
+    server = multiprocessing.Process(target=serve_agents, args=(str(spec_path), ready), daemon=True)
+    server.start()
+    if not ready.wait(60):
+        server.kill()
+        print("agents did not start", file=sys.stderr)
+        return None
+    return server
+
+
 def _raise_fd_limit() -> None:
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
@@ -443,17 +463,8 @@ def main() -> int:
     spec = setup(args.agents, args.base_port, args.health)
     if args.health:
         warm_health(spec, args.batch)
-    spec_path = ROOT / "var" / "bench-agents.json"
-    spec_path.parent.mkdir(exist_ok=True)
-    spec_path.write_text(json.dumps(spec))
-    from django.db import connection
-
-    connection.close()
-    ready = multiprocessing.Event()
-    server = multiprocessing.Process(target=serve_agents, args=(str(spec_path), ready), daemon=True)
-    server.start()
-    if not ready.wait(60):
-        print("agents did not start", file=sys.stderr)
+    server = start_agents(spec, "bench-agents.json")
+    if server is None:
         return 1
     print(f"{platform.node()}: {os.cpu_count()} cores, Python {platform.python_version()}, "
           f"{args.agents} agents x {GPUS_PER_HOST} GPUs x {VGPUS_PER_GPU} vGPUs "

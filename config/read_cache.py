@@ -63,6 +63,12 @@ _local = threading.local()
 _failed_until = 0.0
 
 
+def computing() -> bool:
+    """Whether this thread is computing an entry to keep: its reads must see every committed write
+    (config/db_router.py reads the primary then), or the entry would outlive a write it missed."""
+    return getattr(_local, "recording", None) is not None
+
+
 def enabled() -> bool:
     return settings.READ_CACHE_ENABLED and time.monotonic() >= _failed_until
 

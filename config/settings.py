@@ -4,9 +4,9 @@ Every variable is documented in .env.example. With nothing set the product runs 
 the project folder and an embedded broker, with production's safeguards: DEBUG is off unless
 the variable DEBUG says true, and then SECRET_KEY must be set (start-up fails otherwise) and
 https is enforced. Development (`make run`, the tests) sets DEBUG=true, which brings a
-development secret and plain http. Secrets (SECRET_KEY, DATABASE_URL, POSTGRES_PASSWORD,
-REDIS_URL, CELERY_BROKER_URL, AGENT_TOKEN_KEY, EMAIL_HOST_PASSWORD, METRICS_TOKEN,
-OIDC_RP_CLIENT_SECRET) may instead be read from a file named by NAME_FILE.
+development secret and plain http. Secrets (SECRET_KEY, DATABASE_URL, DATABASE_REPLICA_URL,
+POSTGRES_PASSWORD, REDIS_URL, CELERY_BROKER_URL, AGENT_TOKEN_KEY, EMAIL_HOST_PASSWORD,
+METRICS_TOKEN, OIDC_RP_CLIENT_SECRET) may instead be read from a file named by NAME_FILE.
 """
 
 import hashlib
@@ -108,6 +108,9 @@ INSTALLED_APPS = [
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
     "csp.middleware.CSPMiddleware",  # early, so error responses carry the policy too
+    # Which database a request reads: the replica for GET and HEAD when one is configured, the
+    # primary for anything else and for a client that wrote lately (config/db_router.py).
+    "config.db_router.ReplicaReadsMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -163,7 +166,8 @@ if DATABASE_URL:
     DATABASES = {"default": dj_database_url.parse(DATABASE_URL, conn_max_age=60, conn_health_checks=True)}
     # The PostgreSQL image's own variable: one secret for the server and the app, and a
     # DATABASE_URL that carries no password (it then appears in no config file).
-    if _postgres_password := env_secret("POSTGRES_PASSWORD"):
+    _postgres_password = env_secret("POSTGRES_PASSWORD")
+    if _postgres_password:
         DATABASES["default"]["PASSWORD"] = _postgres_password
 else:
     DATABASES = {
@@ -182,6 +186,31 @@ else:
             "TEST": {"NAME": env_str("SQLITE_TEST_PATH", str(BASE_DIR / ".test-db.sqlite3"))},
         }
     }
+
+# Read replica (config/db_router.py; docs/operations.md, "Scaling out"): with DATABASE_REPLICA_URL
+# (a PostgreSQL hot standby of DATABASE_URL's server), the pages' and the API's GET requests read
+# fleet, telemetry and sizing rows from it; sessions, users, API tokens, sign-in throttling,
+# transactions, the read cache's computations, Celery tasks and commands use the primary. A client
+# that wrote reads the primary for DATABASE_REPLICA_PIN_S seconds afterwards (read-your-writes).
+DATABASE_REPLICA_URL = env_secret("DATABASE_REPLICA_URL")
+DATABASE_REPLICA_PIN_S = env_int("DATABASE_REPLICA_PIN_S", 15, minimum=1)
+#: The alias pages read from (None: every read goes to the primary, "default").
+DATABASE_READ_REPLICA = None
+if DATABASE_REPLICA_URL:
+    if not DATABASE_URL:
+        raise ImproperlyConfigured("DATABASE_REPLICA_URL is set but DATABASE_URL is not: a read replica is a "
+                                   "PostgreSQL standby of the server DATABASE_URL names")
+    _replica = dj_database_url.parse(DATABASE_REPLICA_URL, conn_max_age=60, conn_health_checks=True)
+    if _postgres_password and not _replica.get("PASSWORD"):
+        _replica["PASSWORD"] = _postgres_password
+    # A standby refuses writes by itself; this makes a replica URL that names a writable server
+    # (a pooler in front of the primary, a typo) refuse them too, instead of splitting the writes.
+    _replica.setdefault("OPTIONS", {})["options"] = "-c default_transaction_read_only=on"
+    # The tests point it at their own database (config/test_settings.py), never at the standby.
+    _replica["TEST"] = {"MIRROR": "default"}
+    DATABASES["replica"] = _replica
+    DATABASE_READ_REPLICA = "replica"
+DATABASE_ROUTERS = ["config.db_router.ReplicaRouter"]
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
@@ -411,6 +440,10 @@ TELEMETRY_BATCH_SIZE = int(env_float("TELEMETRY_BATCH_SIZE", 50))
 # Agents of one batch fetched at once (threads of one poll_batch task). By default all of
 # them, so a batch ends within its longest timeout even when every agent in it is down.
 TELEMETRY_POLL_CONCURRENCY = int(env_float("TELEMETRY_POLL_CONCURRENCY", TELEMETRY_BATCH_SIZE))
+# Collection split across worker queues (telemetry/shards.py; docs/operations.md, "Scaling out"):
+# above 1, each agent's batches go to the queue <CELERY_QUEUE>.collect.<k> of its shard k, and
+# every one of those queues needs a worker consuming it. 1: the default queue, as before.
+TELEMETRY_COLLECT_SHARDS = env_int("TELEMETRY_COLLECT_SHARDS", 1, minimum=1)
 TELEMETRY_MAX_RESPONSE_BYTES = int(env_float("TELEMETRY_MAX_RESPONSE_BYTES", 4 * 1024 * 1024))
 TELEMETRY_MAX_CLOCK_SKEW_S = env_float("TELEMETRY_MAX_CLOCK_SKEW_S", 300.0)
 # The collector's per-process copy of the inventory (telemetry/inventory_cache.py): dropped when

@@ -19,3 +19,11 @@ import os
 os.environ.setdefault("DEBUG", "true")
 
 from config.settings import *  # noqa: E402, F403
+
+# A `replica` alias mirroring the test database (TEST MIRROR: no database of its own), so that the
+# router's tests (tests/test_db_router.py) can send a page's reads to it and see them there.
+# Routing to it stays off (DATABASE_READ_REPLICA None) unless a test turns it on: a mirror is a
+# second connection, which does not see the rows a test writes inside its own transaction.
+DATABASES["replica"] = {**DATABASES["default"], "TEST": {**DATABASES["default"].get("TEST", {}),  # noqa: F405
+                                                          "MIRROR": "default"}}
+DATABASE_READ_REPLICA = None

@@ -25,8 +25,8 @@ from config.secrets import env_secret
 from identity.tests.oidc_support import unreachable_env
 
 ROOT = Path(__file__).resolve().parents[1]
-SECRET_ENV = ("SECRET_KEY", "DATABASE_URL", "POSTGRES_PASSWORD", "REDIS_URL", "CELERY_BROKER_URL",
-              "AGENT_TOKEN_KEY", "EMAIL_HOST_PASSWORD", "METRICS_TOKEN")
+SECRET_ENV = ("SECRET_KEY", "DATABASE_URL", "DATABASE_REPLICA_URL", "POSTGRES_PASSWORD", "REDIS_URL",
+              "CELERY_BROKER_URL", "AGENT_TOKEN_KEY", "EMAIL_HOST_PASSWORD", "METRICS_TOKEN")
 
 
 def production_env(tmp_path: Path, **extra: str) -> dict[str, str]:
@@ -339,7 +339,8 @@ django.setup()
 from django.conf import settings
 print(json.dumps({"secret_key": settings.SECRET_KEY, "db_password": settings.DATABASES["default"]["PASSWORD"],
                   "broker": settings.CELERY_BROKER_URL, "agent_key": settings.AGENT_TOKEN_KEY,
-                  "mail": settings.EMAIL_HOST_PASSWORD, "metrics": settings.METRICS_TOKEN}))
+                  "mail": settings.EMAIL_HOST_PASSWORD, "metrics": settings.METRICS_TOKEN,
+                  "replica_password": settings.DATABASES["replica"]["PASSWORD"]}))
 """
 
 
@@ -348,6 +349,8 @@ def test_every_secret_of_a_deployment_can_come_from_a_file(tmp_path):
               ("SECRET_KEY", "POSTGRES_PASSWORD", "AGENT_TOKEN_KEY", "EMAIL_HOST_PASSWORD", "METRICS_TOKEN")}
     values["DATABASE_URL"] = "postgres://fleet@db:5432/fleet"
     values["REDIS_URL"] = f"redis://:{secrets.token_hex(8)}@redis:6379/0"
+    replica_password = secrets.token_hex(8)
+    values["DATABASE_REPLICA_URL"] = f"postgres://fleet:{replica_password}@db-replica:5432/fleet"
     files = {}
     for name, value in values.items():
         (tmp_path / name).write_text(value + "\n")
@@ -359,7 +362,8 @@ def test_every_secret_of_a_deployment_can_come_from_a_file(tmp_path):
     seen = json.loads(result.stdout)
     assert seen == {"secret_key": values["SECRET_KEY"], "db_password": values["POSTGRES_PASSWORD"],
                     "broker": values["REDIS_URL"], "agent_key": values["AGENT_TOKEN_KEY"],
-                    "mail": values["EMAIL_HOST_PASSWORD"], "metrics": values["METRICS_TOKEN"]}
+                    "mail": values["EMAIL_HOST_PASSWORD"], "metrics": values["METRICS_TOKEN"],
+                    "replica_password": replica_password}
 
 
 def test_a_secret_set_twice_stops_start_up_with_a_clear_message(tmp_path):
@@ -394,18 +398,21 @@ def secrets_under_test(tmp_path: Path) -> tuple[dict[str, str], list[str]]:
     """A production environment whose every secret is set (some in files) with a database
     and a broker that refuse connections; and the secret values to look for."""
     db_password = "dbpw-" + secrets.token_hex(8)
+    replica_password = "replicapw-" + secrets.token_hex(8)
     redis_password = "redispw-" + secrets.token_hex(8)
     file_secrets = {"AGENT_TOKEN_KEY": "agentkey-" + secrets.token_hex(8),
                     "EMAIL_HOST_PASSWORD": "mailpw-" + secrets.token_hex(8)}
     env = production_env(
         tmp_path, LOG_LEVEL="DEBUG", METRICS_TOKEN="metrics-" + secrets.token_hex(8),
         DATABASE_URL=f"postgres://fleet:{db_password}@127.0.0.1:1/fleet",
+        DATABASE_REPLICA_URL=f"postgres://fleet:{replica_password}@127.0.0.1:1/fleet",
         REDIS_URL=f"redis://:{redis_password}@127.0.0.1:1/0",
     )
     for name, value in file_secrets.items():
         (tmp_path / name).write_text(value)
         env[f"{name}_FILE"] = str(tmp_path / name)
-    values = [env["SECRET_KEY"], db_password, redis_password, env["METRICS_TOKEN"], *file_secrets.values()]
+    values = [env["SECRET_KEY"], db_password, replica_password, redis_password, env["METRICS_TOKEN"],
+              *file_secrets.values()]
     return env, values
 
 
@@ -422,6 +429,7 @@ def test_database_failures_and_error_reports_log_no_secret(tmp_path):
     assert migrate.returncode != 0
     assert "port 1 failed" in migrate.stderr
     assert "'DATABASE_URL': '********************'" in logs
+    assert "'DATABASE_REPLICA_URL': '********************'" in logs
     for value in values:
         assert value not in logs
 

@@ -51,14 +51,25 @@ def polled_agent(name: str, url: str, host: Host | None = None, timeout_s: float
 
 
 class CountingAgentServer(AgentServer):
-    """The real agent server, counting the TCP connections it accepts (keep-alive shows as one)."""
+    """The real agent server, counting the TCP connections it accepts (keep-alive shows as one)
+    and the metrics documents it served (`served`: one a poll)."""
 
     accepted = 0
+    served = 0
 
     def get_request(self):
         request = super().get_request()
         self.accepted += 1
         return request
+
+    def metrics_body(self) -> bytes:
+        body = super().metrics_body()
+        with _served_lock:
+            self.served += 1
+        return body
+
+
+_served_lock = threading.Lock()
 
 
 @contextlib.contextmanager

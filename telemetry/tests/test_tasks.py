@@ -9,7 +9,7 @@ from django_celery_beat.models import IntervalSchedule, PeriodicTask
 
 from config.celery import app as celery_app
 from fleet.beat import ensure_periodic_task
-from telemetry import tasks
+from telemetry import shards, tasks
 from telemetry.models import Agent, AgentStatus, GpuSample, VgpuSample
 from telemetry.schedules import ensure_default_schedules
 from telemetry.tests.loopback import FakeAgent, inventory_host, polled_agent, real_agent, sim_payload
@@ -43,6 +43,37 @@ def test_poll_agents_sends_one_batch_of_ids_per_batch_size(settings, sent, djang
     assert [args for args, _ in sent] == [[ids[0:2]], [ids[2:4]], [ids[4:5]]]
     for _, options in sent:
         assert 0 < options["expires"] < 10, "a batch not started before the next tick is dropped"
+
+
+def test_one_shard_sends_every_batch_to_the_default_queue(settings, sent, django_capture_on_commit_callbacks):
+    """The setting's default: deployments from before shards keep their one queue."""
+    settings.TELEMETRY_COLLECT_SHARDS = 1
+    for n in range(3):
+        polled_agent(f"agent-{n}", f"http://127.0.0.1:{9000 + n}")
+    with django_capture_on_commit_callbacks(execute=True):
+        tasks.poll_agents()
+    assert [options.get("queue") for _, options in sent] == [None]
+
+
+def test_sharded_collection_sends_each_agent_to_its_shards_queue_once(settings, sent,
+                                                                      django_capture_on_commit_callbacks):
+    settings.TELEMETRY_COLLECT_SHARDS = 3
+    settings.TELEMETRY_BATCH_SIZE = 4
+    settings.CELERY_TASK_DEFAULT_QUEUE = "studio"
+    ids = [polled_agent(f"agent-{n}", f"http://127.0.0.1:{9000 + n}").pk for n in range(30)]
+
+    with django_capture_on_commit_callbacks(execute=True):
+        summary = tasks.poll_agents()
+
+    queued: dict[str, list[int]] = {}
+    for args, options in sent:
+        assert len(args[0]) <= 4
+        queued.setdefault(options["queue"], []).extend(args[0])
+    assert sorted(agent for share in queued.values() for agent in share) == sorted(ids)
+    assert set(queued) == {"studio.collect.0", "studio.collect.1", "studio.collect.2"}
+    for queue, share in queued.items():
+        assert {shards.shard_of(agent, 3) for agent in share} == {int(queue.rsplit(".", 1)[1])}
+    assert summary == {"agents": 30, "batches": len(sent)}
 
 
 def test_overlapping_poll_agents_runs_send_each_agent_once(sent, django_capture_on_commit_callbacks):

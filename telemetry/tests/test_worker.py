@@ -10,12 +10,14 @@ the same broker.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
 import threading
 import time
 import uuid
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import quote, urlsplit, urlunsplit
@@ -25,6 +27,7 @@ from celery import Celery
 from django.conf import settings
 from django.db import connection
 
+from telemetry import shards
 from telemetry.models import Agent, AgentStatus, GpuSample, VgpuSample
 from telemetry.tests.loopback import closed_port_url, inventory_host, polled_agent, real_agent
 
@@ -66,13 +69,14 @@ def shared_broker(tmp_path: Path) -> tuple[dict[str, str], Celery]:
 class Worker:
     """A `celery worker` child process and its output."""
 
-    def __init__(self, env: dict[str, str]):
+    def __init__(self, env: dict[str, str], queues: list[str] | None = None):
+        """`queues`: those it consumes (`-Q`), else the default queue of `env`'s CELERY_QUEUE."""
         self.lines: list[str] = []
         self.ready = threading.Event()
         self.process = subprocess.Popen(
             [sys.executable, "-m", "celery", "-A", "config", "worker", "--loglevel", "INFO", "--pool", "threads",
              "--concurrency", "2", "--without-gossip", "--without-mingle", "--without-heartbeat",
-             "--hostname", f"test-{uuid.uuid4().hex[:8]}@%h"],
+             "--hostname", f"test-{uuid.uuid4().hex[:8]}@%h", *(["--queues", ",".join(queues)] if queues else [])],
             cwd=BASE_DIR, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             text=True,
         )
@@ -98,17 +102,25 @@ class Worker:
                 self.process.wait()
 
 
+def worker_env(broker_env: dict[str, str], queue: str, **extra: str) -> dict[str, str]:
+    """The environment of a worker of this test run: its database, the broker, the queue name."""
+    return {**os.environ, **database_env(), **broker_env, "CELERY_QUEUE": queue, "PYTHONUNBUFFERED": "1",
+            "TELEMETRY_POLL_INTERVAL_S": str(settings.TELEMETRY_POLL_INTERVAL_S), **extra}
+
+
+def started(process: Worker) -> Worker:
+    if not process.ready.wait(START_TIMEOUT_S):
+        pytest.fail(f"the worker did not start within {START_TIMEOUT_S} s:\n{process.output}")
+    return process
+
+
 @pytest.fixture
 def worker(tmp_path) -> Iterator[tuple[Worker, Celery, str]]:
     queue = f"test-worker-{uuid.uuid4().hex[:10]}"
     broker_env, publisher = shared_broker(tmp_path)
-    env = {**os.environ, **database_env(), **broker_env, "CELERY_QUEUE": queue, "PYTHONUNBUFFERED": "1",
-           "TELEMETRY_POLL_INTERVAL_S": str(settings.TELEMETRY_POLL_INTERVAL_S)}
-    process = Worker(env)
+    process = Worker(worker_env(broker_env, queue))
     try:
-        if not process.ready.wait(START_TIMEOUT_S):
-            pytest.fail(f"the worker did not start within {START_TIMEOUT_S} s:\n{process.output}")
-        yield process, publisher, queue
+        yield started(process), publisher, queue
     finally:
         # Before the database is flushed: the worker holds connections to it.
         process.stop()
@@ -154,3 +166,77 @@ def test_a_real_worker_polls_the_agents_and_stores_their_samples(worker):
     assert Agent.objects.get(pk=down.pk).status == AgentStatus.ERROR
     assert statuses["down-01"].startswith("connection refused"), statuses
     assert wait_for(lambda: "poll_batch: 3 agents, 2 ok, 1 failed" in process.output, 5), process.output
+
+
+# -- collection split across queues (telemetry.shards) ---------------------------------------------
+
+
+def agents_on_both_shards(per_shard: int = 2) -> list[Agent]:
+    """Hosts with their agents (URLs set once served) until each of 2 shards has `per_shard`."""
+    agents: list[Agent] = []
+    while min(Counter(shards.shard_of(a.pk, 2) for a in agents).get(k, 0) for k in (0, 1)) < per_shard:
+        n = len(agents)
+        host = inventory_host(f"shard-host-{n:02d}", gpus=1 + n % 2, vgpus_per_gpu=1)
+        agents.append(polled_agent(host.name, "http://placeholder", host=host))
+        assert len(agents) < 20, "crc32 put 20 consecutive ids on one shard"
+    return agents
+
+
+def poll_once(publisher: Celery, queue: str, workers: list[Worker], servers: list, agents: list[Agent]) -> dict:
+    """Send one poll_agents, wait until every agent's readings landed; what was stored."""
+    expected_gpus = sum(agent.host.gpus.count() for agent in agents)
+    publisher.send_task("telemetry.tasks.poll_agents", queue=queue)
+
+    def landed() -> bool:
+        return (GpuSample.objects.count() == expected_gpus
+                and not Agent.objects.filter(last_seen__isnull=True).exists())
+
+    output = "\n\n".join(process.output for process in workers)
+    assert wait_for(landed, LAND_TIMEOUT_S), f"samples did not land:\n{output}"
+    return {"gpu samples": GpuSample.objects.count(), "vGPU samples": VgpuSample.objects.count(),
+            "polls served": sum(server.served for server in servers),
+            "agents ok": sum(agent.status == AgentStatus.OK for agent in Agent.objects.all())}
+
+
+@pytest.mark.django_db(transaction=True, serialized_rollback=True)
+def test_two_workers_on_their_own_shard_queues_poll_each_agent_once_with_one_workers_totals(tmp_path):
+    """Collection split over 2 shards, each consumed by its own worker process (as on two
+    machines): every agent is polled once, by the worker of its shard, and the fleet's totals are
+    those one worker with no shards stores."""
+    queue = f"test-shards-{uuid.uuid4().hex[:10]}"
+    broker_env, publisher = shared_broker(tmp_path)
+    agents = agents_on_both_shards()
+    share = {k: [a for a in agents if shards.shard_of(a.pk, 2) == k] for k in (0, 1)}
+    processes: list[Worker] = []
+    with contextlib.ExitStack() as stack:
+        stack.callback(publisher.close)
+        servers = [stack.enter_context(real_agent(agent.host, agent.token)) for agent in agents]
+        for agent, server in zip(agents, servers, strict=True):
+            Agent.objects.filter(pk=agent.pk).update(url=server.url)
+        stack.callback(lambda: [process.stop() for process in processes])
+
+        # One worker, one shard: the default queue, as before shards.
+        processes.append(started(Worker(worker_env(broker_env, queue, TELEMETRY_COLLECT_SHARDS="1"))))
+        one_worker = poll_once(publisher, queue, processes, servers, agents)
+        processes.pop().stop()
+
+        GpuSample.objects.all().delete()
+        VgpuSample.objects.all().delete()
+        Agent.objects.update(last_attempt=None, last_seen=None)
+        for server in servers:
+            server.served = 0
+
+        # Two shards: the first worker takes beat's queue and shard 0, the second shard 1 only.
+        env = worker_env(broker_env, queue, TELEMETRY_COLLECT_SHARDS="2")
+        first = Worker(env, queues=[queue, shards.queue_name(queue, 0)])
+        second = Worker(env, queues=[shards.queue_name(queue, 1)])
+        processes += [first, second]
+        started(first), started(second)
+        two_workers = poll_once(publisher, queue, processes, servers, agents)
+
+        assert two_workers == one_worker
+        assert two_workers["polls served"] == len(agents)
+        assert [server.served for server in servers] == [1] * len(agents)
+        for process, k in ((first, 0), (second, 1)):
+            line = f"poll_batch: {len(share[k])} agents, {len(share[k])} ok, 0 failed"
+            assert wait_for(lambda process=process, line=line: line in process.output, 5), process.output
