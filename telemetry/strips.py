@@ -121,42 +121,46 @@ def write_bucket(bucket: datetime, rollups: Sequence[GpuRollup]) -> int:
               for rollup in rollups]
     # Series after series: the strips of a new day are then stored a series at a time, and a
     # heatmap, which reads one series, reads few pages.
-    gpu_ids = [rollup.gpu_id for rollup in rollups] * len(SERIES)
-    names = [name for name, _, _ in SERIES for _ in rollups]
+    gpu_ids = [rollup.gpu_id for rollup in rollups]
     codes = bytes(codes[s] for s in range(len(SERIES)) for codes in by_gpu)
     _lock()
     if connection.vendor == "postgresql":
-        _overlay(day, index, gpu_ids, names, codes)
+        _overlay(day, index, gpu_ids, codes)
     else:
-        _read_modify_write(day, index, gpu_ids, names, codes)
+        _read_modify_write(day, index, gpu_ids, codes)
     _cover(bucket)
-    return len(gpu_ids)
+    return len(codes)
 
 
-def _overlay(day: date, index: int, gpu_ids: list[int], names: list[str], codes: bytes) -> None:
-    """PostgreSQL: set byte `index` of each (GPU, series) strip of `day` in the database, a new
-    strip being all "no data" but that byte."""
+def _overlay(day: date, index: int, gpu_ids: list[int], codes: bytes) -> None:
+    """PostgreSQL: set byte `index` of each (GPU, series) strip of `day` in the database (`codes`:
+    series after series, GPUs in the order of `gpu_ids`), a new strip being all "no data" but
+    that byte. A strip whose byte is already that code is left alone: a bucket rebuilt within
+    the late window mostly is, and no new row version is written for it."""
     table = GpuStrip._meta.db_table
     position = index + 1  # SQL counts bytes from 1
+    byte = f"substring(%s::bytea from k * {len(gpu_ids)} + t.i::int for 1)"
     sql = (f"INSERT INTO {table} (gpu_id, series, day, codes)"
-           f" SELECT t.gpu_id, t.series, %s, overlay(%s::bytea placing substring(%s::bytea from t.i::int for 1)"
-           f" from {position})"
-           f" FROM unnest(%s::integer[], %s::varchar[]) WITH ORDINALITY AS t(gpu_id, series, i)"
+           f" SELECT t.gpu_id, (%s::varchar[])[k + 1], %s, overlay(%s::bytea placing {byte} from {position})"
+           f" FROM generate_series(0, {len(SERIES) - 1}) AS k"
+           f" CROSS JOIN unnest(%s::integer[]) WITH ORDINALITY AS t(gpu_id, i) ORDER BY k, t.i"
            f" ON CONFLICT (day, series, gpu_id) DO UPDATE SET codes = overlay({table}.codes placing"
-           f" substring(EXCLUDED.codes from {position} for 1) from {position})")
+           f" substring(EXCLUDED.codes from {position} for 1) from {position})"
+           f" WHERE substring({table}.codes from {position} for 1) <> substring(EXCLUDED.codes from {position} for 1)")
     with connection.cursor() as cursor:
-        cursor.execute(sql, [day, _BLANK, codes, gpu_ids, names])
+        cursor.execute(sql, [[name for name, _, _ in SERIES], day, _BLANK, codes, gpu_ids])
 
 
-def _read_modify_write(day: date, index: int, gpu_ids: list[int], names: list[str], codes: bytes) -> None:
+def _read_modify_write(day: date, index: int, gpu_ids: list[int], codes: bytes) -> None:
     """Elsewhere (SQLite, small fleets): read the day's strips, change the byte, write them back."""
     held = {(gpu_id, name): bytes(data) for gpu_id, name, data in
             GpuStrip.objects.filter(day=day, gpu_id__in=set(gpu_ids)).values_list("gpu_id", "series", "codes")}
     strips = []
-    for i, (gpu_id, name) in enumerate(zip(gpu_ids, names, strict=True)):
-        line = bytearray(held.get((gpu_id, name), _BLANK))
-        line[index] = codes[i]
-        strips.append(GpuStrip(gpu_id=gpu_id, series=name, day=day, codes=bytes(line)))
+    for s, (name, _, _) in enumerate(SERIES):
+        for i, gpu_id in enumerate(gpu_ids):
+            line = bytearray(held.get((gpu_id, name), _BLANK))
+            line[index] = codes[s * len(gpu_ids) + i]
+            strips.append(GpuStrip(gpu_id=gpu_id, series=name, day=day, codes=bytes(line)))
     _upsert(strips)
 
 
