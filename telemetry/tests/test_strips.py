@@ -150,8 +150,8 @@ def test_groups_from_the_strips_have_the_same_cells_and_figures_within_the_preci
 
 def test_a_late_rollup_updates_the_strip(admin_api, world):
     before = decode(typed(admin_api)["z"])
-    grouped_before = typed(admin_api, end=END + timedelta(minutes=5), rows_max=1)  # cached until a table it read
-    # is written
+    # The page's grouped answer, cached until a table it read is written.
+    grouped_before = typed(admin_api, end=END + timedelta(minutes=5), rows_max=1)
     # 23:45: a reading that came back after the late window (a backfill), then rebuilt.
     gpu_samples(world.gpu_1, at(-15) + timedelta(seconds=5), 1, util_gpu=100)
     rewind_rollups(at(-15))
