@@ -5,11 +5,15 @@ typed encodings, against the same matrix computed from raw samples.
 
 Runs in a throwaway test database (Django's `test_<name>`: `test_bench_heatmap` above, created
 and dropped here), so it never touches real data. It seeds `--gpus` NVIDIA L40S GPUs on hosts
-of 8 and a raw sample of each GPU every `--every` seconds for `--hours` hours (24 h every 30 s:
-2.88 M rows, by one INSERT ... SELECT over generate_series), then the 5-minute and hourly
-rollups of those samples by SQL aggregation (the same definitions as `telemetry.rollups`:
-avg, max, nearest-rank p95 = percentile_disc(0.95); checked against `gpu_rollup` on a few
-buckets), because `build_rollups` reads the samples into Python and would take minutes here.
+of 8 and a raw sample of each GPU every `--every` seconds for `--hours` hours from 10:35 UTC
+(24 h every 30 s: 2.88 M rows, by one INSERT ... SELECT over generate_series; the range spans
+two UTC days, as "the last 24 h" does), then the 5-minute and hourly rollups of those samples
+by SQL aggregation (the same definitions as `telemetry.rollups`: avg, max, nearest-rank p95 =
+percentile_disc(0.95); checked against `gpu_rollup` on a few buckets), because `build_rollups`
+reads the samples into Python and would take minutes here, then the heatmap strips of those
+rollups with the product's own code (`telemetry.strips.rebuild_days`, what
+`manage.py build_heatmap_strips` runs; the typed answers read from them are checked against
+the ones read from the rollups, byte for byte).
 
 Then, after a warm-up, it times `--runs` requests of the endpoint through Django's APIClient
 (a staff user; routing, the view, the queries, the JSON rendering) for GPU x time at 300 s
@@ -22,18 +26,22 @@ The covering indexes of migration telemetry 0003 are in place (the seeding is fo
 VACUUM ANALYZE, as autovacuum would do, so PostgreSQL can answer from them alone).
 Then the typed encoding (`?encoding=typed`, gzip accepted as a browser does): its payload on
 the wire against the json one, its cells against the json ones (within half a quantisation
-step), its time cold (the read cache emptied before each request: the first request after the
-rollups advance) and warm (the cached answer every later viewer gets), the raw-sample GROUP BY
-alone in the database (no rows fetched) for the strictest ratio, and the page's grouped request
-(`rows_max=200`). `--gpus 10000 --every 300` is the 10,000 GPU x 288 bucket fleet of issue 21.
-PostgreSQL only (the seeding uses generate_series). Prints figures; asserts only the
-agreement of the matrices.
+step); then, in turns (one call of each a round, so a burst of load on the shared machine
+weighs on all alike), the raw-sample GROUP BY alone in the database (no rows fetched: the
+strictest ratio) and the typed answer cold (the read cache emptied before each request: the
+first request after the rollups advance, or a view nobody asked for yet), every row and as the
+page asks it (`rows_max=200`), from the strips and from the rollups (the strips' coverage set
+aside: the answer before strips existed); then warm (the cached answer every later viewer
+gets). The load average is printed around the turns. `--gpus 10000 --every 300` is the
+10,000 GPU x 288 bucket fleet of issue 21. PostgreSQL only (the seeding uses
+generate_series). Prints figures; asserts only the agreement of the matrices.
 """
 
 from __future__ import annotations
 
 import argparse
 import cProfile
+import gc
 import gzip
 import io
 import json
@@ -63,7 +71,8 @@ from django.test.utils import (  # noqa: E402
     teardown_test_environment,
 )
 
-T0 = datetime(2026, 3, 2, 0, 0, tzinfo=UTC)
+# A time of day, as "the last 24 h" is: the range spans two UTC days (two strips a GPU).
+T0 = datetime(2026, 3, 2, 10, 35, tzinfo=UTC)
 GPUS_PER_HOST = 8
 BOARD = "NVIDIA L40S"
 URL = "/api/v1/heatmap/"
@@ -112,6 +121,7 @@ GROUP BY 1, 2
 # default views read, so the ordered aggregation reads an index instead of sorting the heap.
 def seed(gpus: int, hours: float, every_s: int) -> dict:
     from fleet.models import Gpu, GpuModel, Host
+    from telemetry import strips
 
     started = time.perf_counter()
     model = GpuModel.objects.get(name=BOARD)
@@ -131,6 +141,11 @@ def seed(gpus: int, hours: float, every_s: int) -> dict:
             begun = time.perf_counter()
             cursor.execute(_ROLLUPS_SQL, {"step": step_s})
             timings[f"rollups {step_s} s"] = (cursor.rowcount, time.perf_counter() - begun)
+    begun = time.perf_counter()
+    last = T0 + timedelta(hours=hours) - timedelta(seconds=1)
+    written = strips.rebuild_days(T0.date(), last.date())
+    timings["heatmap strips"] = (written, time.perf_counter() - begun)
+    with connection.cursor() as cursor:
         begun = time.perf_counter()
         # As autovacuum would have by the time anyone looks: statistics and the visibility map.
         cursor.execute("VACUUM ANALYZE")
@@ -204,22 +219,59 @@ def _runs(times: list[float]) -> str:
     return ", ".join(f"{t * 1000:.0f}" for t in times)
 
 
-def typed_figures(args, endpoint, body: dict, json_bytes: int, raw_s: float, end: datetime) -> None:
+def interleaved(functions: dict, runs: int) -> dict[str, list[float]]:
+    """Seconds of each function's calls, called in turns (one of each a round, after one untimed
+    round): on a shared machine a burst of load then weighs on all of them alike."""
+    for function in functions.values():
+        function()
+    times = {name: [] for name in functions}
+    for _ in range(runs):
+        for name, function in functions.items():
+            started = time.perf_counter()
+            function()
+            times[name].append(time.perf_counter() - started)
+    return times
+
+
+def load() -> str:
+    return "load average " + " ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+def typed_figures(args, endpoint, body: dict, json_bytes: int, end: datetime) -> None:
     """The typed encoding (`?encoding=typed`, gzip accepted as a browser does): its payload against
-    the json one, its values against the json ones, and its time cold (the read cache emptied
-    before each request: the first view after the rollups advance) and warm (the same answer
-    again, as every other viewer until the next rollup), against the raw-sample query."""
+    the json one, its values against the json ones; then, in turns, the raw-sample GROUP BY alone
+    in the database and the typed answer cold (the read cache emptied before each request: the
+    first request after the rollups advance, or a view nobody asked for yet), whole and as the
+    page asks it (`rows_max=200`), read from the heatmap strips and, with the strips' coverage
+    set aside, from the rollups as before them; then warm (the cached answer)."""
     from config import read_cache
     from telemetry.heatmap_codec import decode
+    from telemetry.models import StripCoverage
 
     def typed(cold: bool, **extra):
         if cold:
             read_cache.clear()
         return endpoint(encoding="typed", HTTP_ACCEPT_ENCODING="gzip", **extra)
 
+    def from_rollups(**extra):
+        """The same request answered from the rollups: the strips' coverage set aside meanwhile."""
+        kept = list(StripCoverage.objects.all())
+        StripCoverage.objects.all().delete()
+        try:
+            return typed(True, **extra)
+        finally:
+            StripCoverage.objects.bulk_create(kept)
+
+    def sql_alone():
+        with connection.cursor() as cursor:
+            cursor.execute(f"SELECT count(*) FROM ({_RAW_SQL}) raw", [T0.timestamp(), 300, T0, end])
+            cursor.fetchall()
+
+    def parsed(response) -> dict:
+        return json.loads(gzip.decompress(response.content))
+
     rows = len(body["ids"])
-    cold_s, cold_runs, response = timed(lambda: typed(True), args.runs, warmup=1)
-    warm_s, warm_runs, _ = timed(lambda: typed(False), args.runs)
+    response = typed(True)
     assert response["Content-Encoding"] == "gzip"
     text = gzip.decompress(response.content)
     typed_body = json.loads(text)
@@ -227,33 +279,59 @@ def typed_figures(args, endpoint, body: dict, json_bytes: int, raw_s: float, end
     precision = typed_body["z"]["precision"]
     if worst > precision + 1e-9:
         raise SystemExit(f"typed cell off by {worst} > precision {precision}")
-    print(f"typed encoding: {cells:,} cells agree with json within {worst:.3f} (precision {precision:.3f} "
-          f"= half of step {typed_body['z']['step']:.4f})")
+    print(f"typed encoding (from the strips): {cells:,} cells agree with json within {worst:.3f} (precision "
+          f"{precision:.3f} = half of step {typed_body['z']['step']:.4f})")
+    before = parsed(from_rollups())
+    if before["z"]["bdata"] != typed_body["z"]["bdata"]:
+        raise SystemExit("the typed answer from the strips differs from the one from the rollups")
+    for new, old in zip(typed_body["rows"], before["rows"], strict=True):
+        for name in ("peak", "mean"):
+            if (new[name] is None) != (old[name] is None) or (
+                    new[name] is not None and not math.isclose(new[name], old[name], rel_tol=1e-9)):
+                raise SystemExit(f"row {new['label']} {name}: {new[name]} from the strips, {old[name]} before")
+    grouped, grouped_before = parsed(typed(True, rows_max=200)), parsed(from_rollups(rows_max=200))
+    if grouped["z"]["bdata"] != grouped_before["z"]["bdata"] or grouped["y"] != grouped_before["y"]:
+        raise SystemExit("the grouped typed answer from the strips differs from the one from the rollups")
+    off = max(abs(new[name] - old[name]) for new, old in zip(grouped["groups"], grouped_before["groups"], strict=True)
+              for name in ("peak", "mean") if new[name] is not None)
+    print(f"the same codes from the strips as from the rollups: {rows:,} rows and {len(grouped['y'])} groups, "
+          f"byte for byte; rows' peak and mean exact; groups' within {off:.3f} (their precision "
+          f"{grouped['groups'][0]['precision']:.3f})")
     print(f"payload {rows:,} x {len(body['x'])}: json {json_bytes / 1e6:.2f} MB; typed {len(text) / 1e6:.2f} MB, "
           f"gzipped on the wire {len(response.content) / 1e6:.3f} MB = {len(response.content) / json_bytes:.1%} "
-          f"of json")
-    print(f"typed, cold (cache emptied): median {cold_s * 1000:7.1f} ms  (runs: {_runs(cold_runs)}); "
-          f"raw / cold {raw_s / cold_s:.1f}x")
-    print(f"typed, warm (cached answer): median {warm_s * 1000:7.1f} ms  (runs: {_runs(warm_runs)}); "
-          f"raw / warm {raw_s / warm_s:.1f}x")
-    with connection.cursor() as cursor:
-        begun = time.perf_counter()
-        cursor.execute(f"SELECT count(*) FROM ({_RAW_SQL}) raw", [T0.timestamp(), 300, T0, end])
-        cursor.fetchall()
-        sql_only = time.perf_counter() - begun
-    print(f"raw samples, SQL alone (count of the GROUP BY, nothing fetched): {sql_only * 1000:.0f} ms; "
-          f"raw SQL / warm {sql_only / warm_s:.1f}x")
+          f"of json; rows_max=200: {grouped['z']['shape']} cells, "
+          f"{len(typed(False, rows_max=200).content) / 1e3:.0f} kB")
+
+    # This process holds the json answer's 2.9 M floats for the checks above; a web worker holds
+    # nothing of the kind, and the collector's full passes over them would land on whichever
+    # request happens to trigger one. Frozen out of its sight, as a pre-forking server does.
+    gc.collect()
+    gc.freeze()
+    print(f"in turns, {args.runs} rounds ({load()}):")
+    times = interleaved({
+        "raw samples: the GROUP BY alone (count of it, nothing fetched)": sql_alone,
+        "typed cold from the strips, every row": lambda: typed(True),
+        "typed cold from the strips, rows_max=200 (the page)": lambda: typed(True, rows_max=200),
+        "typed cold from the rollups (before the strips), every row": from_rollups,
+        "typed cold from the rollups, rows_max=200": lambda: from_rollups(rows_max=200),
+    }, args.runs)
+    print(f"  ({load()} after)")
+    gc.unfreeze()
+    raw_alone = statistics.median(next(iter(times.values())))
+    for name, seconds in times.items():
+        median = statistics.median(seconds)
+        ratio = "" if median == raw_alone else f"; GROUP BY alone / this {raw_alone / median:.1f}x"
+        print(f"  {name}: median {median * 1000:.1f} ms (runs: {_runs(seconds)}){ratio}")
+    warm_s, warm_runs, _ = timed(lambda: typed(False), args.runs)
+    grouped_warm, _, _ = timed(lambda: typed(False, rows_max=200), args.runs)
+    print(f"typed, warm (cached answer): median {warm_s * 1000:.1f} ms (runs: {_runs(warm_runs)}); rows_max=200 "
+          f"{grouped_warm * 1000:.1f} ms; GROUP BY alone / warm {raw_alone / warm_s:.1f}x")
     if rows > 1000:
         # The payload of 1,000 rows of this fleet (a window of the sorted rows), as a 1,000-GPU fleet has.
         small = endpoint(row_count=1000)
         small_typed = typed(False, row_count=1000)
         print(f"payload 1,000 x {len(body['x'])} (row_count=1000): json {len(small.content) / 1e6:.2f} MB; typed "
               f"gzipped {len(small_typed.content) / 1e6:.3f} MB = {len(small_typed.content) / len(small.content):.1%}")
-    grouped_cold, grouped_runs, grouped = timed(lambda: typed(True, rows_max=200), args.runs, warmup=1)
-    grouped_warm, _, _ = timed(lambda: typed(False, rows_max=200), args.runs)
-    shape = json.loads(gzip.decompress(grouped.content))["z"]["shape"]
-    print(f"typed, rows_max=200 (the page past 200 rows): {shape} cells, {len(grouped.content) / 1e3:.0f} kB; "
-          f"cold median {grouped_cold * 1000:.1f} ms (runs: {_runs(grouped_runs)}), warm {grouped_warm * 1000:.1f} ms")
 
 
 def main() -> None:
@@ -313,6 +391,7 @@ def main() -> None:
         body = response.json()
         raw_s, raw_runs, raw = timed(lambda: raw_matrix(body["ids"], T0, end, 300), args.runs)
         cells, worst = agree(body["z"], raw)
+        del raw  # 2.9 M floats: see typed_figures on the garbage collector
         rows, columns = len(body["y"]), len(body["x"])
         print(f"GPU x time, 300 s: {rows:,} rows x {columns} columns = {rows * columns:,} cells "
               f"({cells:,} with data), payload {len(response.content) / 1e6:.2f} MB")
@@ -333,7 +412,7 @@ def main() -> None:
         print(f"raw samples, no parallel workers: median {serial_s * 1000:7.1f} ms  "
               f"(runs: {', '.join(f'{t * 1000:.0f}' for t in serial_runs)}); ratio {serial_s / api_s:.1f}x")
 
-        typed_figures(args, endpoint, body, len(response.content), raw_s, end)
+        typed_figures(args, endpoint, body, len(response.content), end)
 
         if args.skip_others:
             return

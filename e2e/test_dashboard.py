@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 from datetime import UTC, datetime, timedelta
 from urllib.parse import parse_qs, urlsplit
 
@@ -123,8 +124,10 @@ def test_a_click_on_a_heatmap_cell_opens_that_gpu_at_that_time(page, demo_world)
 
 def add_fleet(gpus: int, hours: int, now: datetime) -> None:
     """`gpus` more L40S GPUs on hosts of 8, with 5-minute rollups of the last `hours`: a studio
-    day with a per-GPU phase, every 97th GPU silent."""
+    day with a per-GPU phase, every 97th GPU silent; their heatmap strips written from them, as
+    `manage.py build_heatmap_strips` does for rollups written before strips existed."""
     from fleet.models import GpuModel
+    from telemetry import strips
     from telemetry.models import GpuRollup
 
     model = GpuModel.objects.get(name="NVIDIA L40S")
@@ -139,6 +142,7 @@ def add_fleet(gpus: int, hours: int, now: datetime) -> None:
          for g, gpu in enumerate(made) if g % 97 for b in range(hours * 12)),
         batch_size=5000,
     )
+    strips.rebuild_days(first.date(), now.date())
 
 
 def test_a_1000_gpu_heatmap_draws_groups_from_the_typed_matrix_and_a_click_shows_a_group(page, demo_world, tmp_path):
@@ -162,6 +166,9 @@ def test_a_1000_gpu_heatmap_draws_groups_from_the_typed_matrix_and_a_click_shows
     hot = page.evaluate("() => Math.max(...document.getElementById('heatmap').data[0].z.flatMap("
                         "(row) => Array.from(row).filter((v) => !Number.isNaN(v))))")
     assert 94.5 <= hot <= 100.0
+    # A group's peak and mean on hover: read from the strips' codes, they say how close they are.
+    peak = page.evaluate("() => document.getElementById('heatmap').data[0].customdata[0][0][1]")
+    assert re.fullmatch(r"\d+\.\d % ± 0\.2", peak), peak
     page.screenshot(path=os.environ.get("HEATMAP_SCREENSHOT", str(tmp_path / "heatmap-1000-gpus.png")))
 
     row = drawn["y"].index("farm-010 (8 GPUs)")
@@ -179,6 +186,9 @@ def test_a_1000_gpu_heatmap_draws_groups_from_the_typed_matrix_and_a_click_shows
     page.locator("#heatmap[data-grouped=false][data-state=ready]").wait_for(timeout=20_000)
     rows = page.evaluate("() => document.getElementById('heatmap').data[0].y")
     assert rows == [f"farm-010 · 00000000:{n:02X}:00.0" for n in range(1, 9)]
+    # A row's peak on hover is exact, as the GPU's rollups give it.
+    peak = page.evaluate("() => document.getElementById('heatmap').data[0].customdata[0][0][1]")
+    assert re.fullmatch(r"\d+\.\d %", peak), peak
     assert page.locator(".heatmap-drill button").inner_text() == f"← All {total:,} GPUs"
     assert page.locator(".heatmap-drill span").inner_text() == "Showing farm-010 (8 GPUs)"
 

@@ -298,6 +298,46 @@ class RollupCheckpoint(models.Model):
         return f"{self.name} until {self.done_until:%Y-%m-%d %H:%M}"
 
 
+class GpuStrip(models.Model):
+    """One GPU's UTC day of one heatmap series (a % metric and statistic of the 5-minute rollups,
+    e.g. `util_gpu_avg`) as the typed heatmap's codes: one byte a 5-minute bucket, 288 a day,
+    `telemetry.heatmap_codec.NULL_CODE` where the bucket has no reading.
+
+    Written by `build_rollups` with the rollups it writes (`telemetry.strips`), so the GPU x
+    time heatmap at 5-minute steps reads two rows a GPU for 24 h instead of 288 rollups.
+    """
+
+    id = models.BigAutoField(primary_key=True)
+    gpu = models.ForeignKey(Gpu, on_delete=models.CASCADE, related_name="strips")
+    series = models.CharField(max_length=24, help_text="The rollup column the codes encode, e.g. util_gpu_avg")
+    day = models.DateField(help_text="UTC day of the first bucket")
+    codes = models.BinaryField(help_text="One byte a 5-minute bucket of the day; 255: no reading")
+
+    class Meta:
+        ordering = ["day", "series", "gpu_id"]
+        constraints = [
+            # Day first: a heatmap reads one series of one or two days; retention deletes by day.
+            models.UniqueConstraint(fields=["day", "series", "gpu"], name="gpustrip_unique_day_series_gpu"),
+        ]
+
+    def __str__(self):
+        return f"GPU {self.gpu_id} {self.series} {self.day:%Y-%m-%d}"
+
+
+class StripCoverage(models.Model):
+    """From when on every 5-minute GPU rollup written has its strips (`GpuStrip`): the heatmap
+    reads strips only for a range starting at or after `since`, and rollups before it otherwise.
+    Created by the first `build_rollups` run that writes strips; `manage.py build_heatmap_strips`
+    moves it back over older rollups, retention forward past what it deleted."""
+
+    name = models.CharField(max_length=40, unique=True)
+    since = models.DateTimeField()
+    updated_at = models.DateTimeField(auto_now=True)
+
+    def __str__(self):
+        return f"{self.name} since {self.since:%Y-%m-%d %H:%M}"
+
+
 class DriftKind(models.TextChoices):
     UNKNOWN_GPU = "unknown_gpu", "GPU reported but not in inventory (discovered)"
     GPU_ELSEWHERE = "gpu_elsewhere", "GPU reported by another host than the inventory says (not stored)"

@@ -5,7 +5,8 @@
   series still rebuild), so a stalled rollup task loses no data: retention waits for it;
 - XID errors (`XidError`): TELEMETRY_RETENTION_RAW_DAYS after they arrived, like the raw
   samples they happened among; nothing rolls them up, so no checkpoint holds them back;
-- 5-minute rollups: TELEMETRY_RETENTION_5M_DAYS; hourly rollups: TELEMETRY_RETENTION_1H_DAYS;
+- 5-minute rollups: TELEMETRY_RETENTION_5M_DAYS, and with them the heatmap strips of the UTC
+  days they covered (`telemetry.strips`); hourly rollups: TELEMETRY_RETENTION_1H_DAYS;
 - audit events: AUDIT_RETENTION_DAYS when above 0; by default (0) the log is kept forever, as
   an audit trail usually must be.
 
@@ -31,7 +32,7 @@ from django.db.models import Model, QuerySet
 from django.utils import timezone
 
 from fleet.models import AuditEvent
-from telemetry import partitions
+from telemetry import partitions, strips
 from telemetry.aggregation import bucket_floor
 from telemetry.models import ROLLUP_STEPS_S, GpuRollup, GpuSample, RollupCheckpoint, VgpuSample, VmRollup, XidError
 from telemetry.rollups import checkpoint_name
@@ -104,6 +105,9 @@ def prune_samples(now: datetime | None = None, batch_size: int | None = None,
             deleted[key] = delete_in_batches(
                 model.objects.filter(step_s=step_s, bucket__lt=cutoff), batch_size, max_batches,
             )
+        if step_s == 300:
+            deleted["gpu_strips"] = delete_in_batches(strips.expired(cutoff), batch_size, max_batches)
+            strips.uncover_before(cutoff)
     deleted["audit_events"] = 0
     if settings.AUDIT_RETENTION_DAYS > 0:
         cutoff = now - timedelta(days=settings.AUDIT_RETENTION_DAYS)

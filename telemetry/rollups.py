@@ -19,6 +19,8 @@ How a run works (`build_rollups(step_s)`):
   120 s: twelve 10-second polls), even though the checkpoint has passed them. A sample later
   than that is folded in only after `rewind_rollups(since)` moves the checkpoints back (for
   ingest of old documents or a backfill).
+- **Heatmap strips.** A bucket's 5-minute GPU rollups are written into the GPUs' strips of
+  the day in the same transaction (`telemetry.strips`), late and rebuilt buckets included.
 - **Idempotent.** Rows are upserted on their unique key (entity, step, bucket) with
   `bulk_create(update_conflicts=True)`, so a rerun, a redo or two workers racing write the
   same figures; the checkpoint only ever moves forward, except by `rewind_rollups`.
@@ -61,7 +63,9 @@ from django.db.models import Count, Sum
 from django.utils import timezone
 
 from fleet.models import Vgpu
+from telemetry import strips
 from telemetry.aggregation import bucket_floor, max_or_none, sum_or_none, summarize
+from telemetry.metrics import FIVE_MINUTES
 from telemetry.models import ROLLUP_STEPS_S, GpuRollup, GpuSample, RollupCheckpoint, VgpuSample, VmRollup
 
 logger = logging.getLogger(__name__)
@@ -233,13 +237,16 @@ class _Series:
                                      partial=fewest_readings(readings) < gpus))
         return count, rollups
 
-    def write(self, rollups: list[GpuRollup] | list[VmRollup]) -> None:
-        """Upsert on the rollup's unique key: a rerun or a rebuild overwrites, never duplicates."""
+    def write(self, bucket: datetime, rollups: list[GpuRollup] | list[VmRollup]) -> None:
+        """Upsert on the rollup's unique key: a rerun or a rebuild overwrites, never duplicates.
+        5-minute GPU rollups write their bucket into the heatmap strips too (`telemetry.strips`)."""
         if self.kind == "gpu":
             GpuRollup.objects.bulk_create(
                 rollups, batch_size=WRITE_BATCH, update_conflicts=True, unique_fields=["gpu", "step_s", "bucket"],
                 update_fields=GPU_ROLLUP_UPDATE_FIELDS,
             )
+            if self.step_s == FIVE_MINUTES:
+                strips.write_bucket(bucket, rollups)
         else:
             VmRollup.objects.bulk_create(
                 rollups, batch_size=WRITE_BATCH, update_conflicts=True, unique_fields=["vm", "step_s", "bucket"],
@@ -306,7 +313,7 @@ def _build_series(series: _Series, now: datetime, max_buckets: int, late_s: floa
         # checkpoint then commit together, so a run that dies here leaves the bucket to redo.
         samples, built = series.aggregate(bucket)
         with transaction.atomic():
-            series.write(built)
+            series.write(bucket, built)
             cursor = bucket + step
             _advance_checkpoint(series.name, cursor)
         result.buckets += 1

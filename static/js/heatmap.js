@@ -32,6 +32,12 @@
     return value === null || value === undefined ? "no data" : value.toFixed(1) + " " + unit;
   }
 
+  /* A group's figure: exact, or read from the codes and then within +/- precision. */
+  function groupValueText(value, unit, precision) {
+    const text = valueText(value, unit);
+    return precision > 0 && value !== null ? text + " ± " + precision.toFixed(decimals(precision)) : text;
+  }
+
   function setupControls(form) {
     const range = form.querySelector("#hm-range");
     const showCustom = () => {
@@ -132,12 +138,14 @@
     const grouped = body.groups !== null;
     const noun = data.rowNoun || "rows";
     // One array a row, shared by its cells: hover shows the row's subtitle, peak and mean
-    // (exact figures: they travel as numbers, not as codes).
+    // (a row's exact figures: they travel as numbers, not as codes; a group's may be read from
+    // the codes, and then say within what).
     const details = grouped
       ? body.groups.map((group) => [
         group.row_count + " " + noun + " on " + group.hosts + " host" + (group.hosts === 1 ? "" : "s") +
           ": each cell the highest of them; click to show them",
-        valueText(group.peak, body.unit), valueText(group.mean, body.unit)])
+        groupValueText(group.peak, body.unit, group.precision),
+        groupValueText(group.mean, body.unit, group.precision)])
       : body.rows.map((row) => [row.subtitle || "", valueText(row.peak, body.unit), valueText(row.mean, body.unit)]);
     const customdata = details.map((info) => body.x.map(() => info));
     const when = folded ? "%{x} (" + data.tz + ")" : "%{x|%Y-%m-%d %H:%M} UTC";

@@ -221,6 +221,10 @@ class HeatmapGroupSerializer(serializers.Serializer):
     hosts = serializers.IntegerField(help_text="Hosts its rows are on")
     peak = serializers.FloatField(allow_null=True, help_text="Highest peak of its rows")
     mean = serializers.FloatField(allow_null=True, help_text="Mean of its rows' means")
+    precision = serializers.FloatField(
+        help_text="How far peak and mean may be from the exact figures: 0, or in a typed answer read from the "
+                  "heatmap strips (GPU x time at 300 s steps of a % metric, sorted by host) half a step of `z`, "
+                  "the figures being read from the codes")
 
 
 class HeatmapSerializer(serializers.Serializer):

@@ -1,6 +1,8 @@
 """Pure parts of `telemetry.heatmap`: the default step, the hour-of-week columns (DST included)
-and the fold, and the JSON rows the API splices into its response."""
+and the fold, and the JSON rows the API splices into its response; `telemetry.heatmap_codec`'s
+typed encoding, fixed-scale codes, groups and the figures read from codes."""
 
+import random
 from datetime import UTC, datetime, timedelta
 from zoneinfo import ZoneInfo
 
@@ -14,7 +16,19 @@ from telemetry.heatmap import (
     hour_of_week,
     hour_of_week_labels,
 )
-from telemetry.heatmap_codec import decode, encode_row, group_cells, group_codes, group_windows, typed_matrix
+from telemetry.heatmap_codec import (
+    NULL_CODE,
+    code_mean,
+    code_peak,
+    code_sum,
+    decode,
+    encode_row,
+    fixed_codes,
+    group_cells,
+    group_codes,
+    group_windows,
+    typed_matrix,
+)
 
 MONDAY = datetime(2026, 3, 2, tzinfo=UTC)
 PARIS = ZoneInfo("Europe/Paris")
@@ -110,3 +124,32 @@ def test_group_windows_cover_every_row_in_at_most_rows_max_groups(rows, rows_max
 def test_group_cells_are_the_hottest_member_in_values_and_in_codes():
     assert group_cells([[1.0, None, 3.0], [2.0, None, None]]) == [2.0, None, 3.0]
     assert group_codes([bytes([1, 255, 3, 0]), bytes([2, 255, 255, 254])]) == bytes([2, 255, 3, 254])
+
+
+def test_group_codes_take_each_columns_hottest_code_whatever_the_rows():
+    """Random rows of every width and group size, against the plain column-by-column max (no data
+    below any code)."""
+    rng = random.Random(21)
+    for width in (1, 7, 288, 300):
+        for size in (1, 2, 3, 8, 50, 51):
+            rows = [bytes(rng.choice([NULL_CODE, 0, 254, rng.randrange(255)]) for _ in range(width))
+                    for _ in range(size)]
+            expected = bytes(max((r[j] for r in rows if r[j] != NULL_CODE), default=NULL_CODE) for j in range(width))
+            assert group_codes(rows) == expected, (width, size)
+
+
+def test_fixed_codes_put_a_percentage_on_0_to_100_like_the_typed_matrix():
+    codes = fixed_codes([0.0, 100.0, 50.0, None, 12.345, -3.0, 104.0], 0.0, 100.0)
+
+    assert codes == encode_row([0.0, 100.0, 50.0, None, 12.345, 0.0, 100.0], 0.0, 100 / 254)
+    assert codes[3] == NULL_CODE
+
+
+def test_figures_read_from_codes_leave_cells_without_data_out():
+    codes = bytes([NULL_CODE, 10, 254, NULL_CODE, 0, 200] * 100)  # 600 codes: sums past Adler-32's modulus
+
+    assert code_sum(codes) == 464 * 100
+    assert code_mean(codes) == pytest.approx(464 / 4)
+    assert code_peak(codes) == 254
+    assert (code_mean(bytes([NULL_CODE] * 5)), code_peak(bytes([NULL_CODE] * 5))) == (None, None)
+    assert code_peak(bytes([NULL_CODE, 0])) == 0
