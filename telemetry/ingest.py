@@ -93,7 +93,6 @@ and the nvidia-smi push API both call it with validated `Report`s. Rules, and wh
 
 from __future__ import annotations
 
-import json
 import math
 import re
 import time
@@ -406,6 +405,7 @@ class _Batch:
         self.vgpu_health: dict[tuple[int, int], tuple[int | None, str | None, VgpuHealth]] = {}
         self.vgpu_health_gpus: set[int] = set()
         self.drivers: dict[int, DriverInfo] = {}
+        self.state_readings: dict[_StateTable, dict[tuple, tuple]] = {}  # what `_state_changes` compared
         self.xids: set[tuple[int, int, datetime]] = set()
         self.last_xids: dict[int, tuple[int, datetime]] = {}  # GPU pk -> a source's last XID code, when seen
         self.events: list = []  # audit events of the inventory rows discovery created or changed
@@ -423,9 +423,10 @@ class _Batch:
         for agent, report in self.items:
             self._map(agent, report)
         self._write_samples()
-        self._write_schedulers()
+        changes = self._state_changes()
+        self._write_schedulers(changes[_SCHEDULER_STATE][0])
         self._write_reported_devices()
-        self._write_health()
+        self._write_health(changes)
         self._write_scheduler_write_flags()
         self._write_drifts()
 
@@ -433,7 +434,14 @@ class _Batch:
 
     def _load(self) -> None:
         uuids = {gpu.uuid for _, report in self.items for gpu in report.gpus}
-        host_ids = {agent.host_id for agent, _ in self.items if agent.host_id}
+        host_ids = set()
+        for agent, _ in self.items:
+            if not agent.host_id:
+                continue
+            if Agent.host.is_cached(agent):  # read with the agent (the collector's batch): no query
+                self._add_host(agent.host)
+            else:
+                host_ids.add(agent.host_id)
         keys = set().union(*(_host_keys(_introduced(agent, report)) for agent, report in self.items
                              if not agent.host_id and not agent.vm_id))
         if host_ids or keys:
@@ -973,24 +981,44 @@ class _Batch:
 
     # -- writes -------------------------------------------------------------------------------
 
-    def _write_schedulers(self) -> None:
-        """Store each GPU's scheduler reading where it differs from the stored one: one read and at most
-        one bulk update per batch, so the hot ingest path pays nothing while the scheduler is unchanged.
-        `scheduler_reported_at` is therefore when the reading last changed."""
-        if not self.schedulers:
-            return
-        if connection.vendor == "postgresql":  # one array parameter, the JSON decoded once per value
-            with connection.cursor() as cursor:
-                cursor.execute("SELECT id, scheduler_reported FROM fleet_gpu WHERE id = ANY(%s::bigint[])",
-                               [list(self.schedulers)])
-                stored = {pk: _json(value) for pk, value in cursor.fetchall()}
+    def _state_changes(self) -> dict[_StateTable, tuple[set[tuple], set[int]]]:
+        """Which stored state differs from this batch's readings: each GPU's scheduler reading
+        (`Gpu.scheduler_reported`) and the health state tables, as `_state_changes` describes. On
+        PostgreSQL one statement for them all, answering only what differs (nothing while the
+        fleet holds still); elsewhere each table is read and compared here."""
+        readings = {
+            _SCHEDULER_STATE: {(gpu_id,): (reading,) for gpu_id, reading in self.schedulers.items()},
+            _GPU_STATE: {(gpu_id,): _health_values(health, GPU_HEALTH_FIELDS)
+                         for gpu_id, health in self.gpu_health.items()},
+            _VGPU_STATE: {key: (vgpu_id, type_name, *_health_values(health, VGPU_HEALTH_FIELDS))
+                          for key, (vgpu_id, type_name, health) in self.vgpu_health.items()},
+            _DRIVER_STATE: {(host_id,): _health_values(driver, _DRIVER_STATE.fields)
+                            for host_id, driver in self.drivers.items()},
+        }
+        self.state_readings = readings
+        # The vGPU rows of a GPU whose report lists its vGPUs (with health) are those running now:
+        # a row of one of those GPUs that the readings do not name is gone.
+        scopes = {_VGPU_STATE: self.vgpu_health_gpus}
+        wanted = [table for table in readings if readings[table] or scopes.get(table)]
+        changes = {table: (set(), set()) for table in readings}
+        if connection.vendor == "postgresql":
+            if wanted:
+                changes.update(_state_changes_pg([(table, readings[table], scopes.get(table)) for table in wanted]))
         else:
-            stored = dict(Gpu.objects.filter(pk__in=self.schedulers).values_list("pk", "scheduler_reported"))
-        changed = [Gpu(pk=pk, scheduler_reported=reading, scheduler_reported_at=self.now)
-                   for pk, reading in self.schedulers.items() if pk in stored and stored[pk] != reading]
-        if changed:
-            lock_rows(Gpu.objects.filter(pk__in=[gpu.pk for gpu in changed]))  # fleet.locks' order, as above
-            Gpu.objects.bulk_update(changed, ["scheduler_reported", "scheduler_reported_at"])
+            changes.update({table: _state_changes(table, readings[table], scopes.get(table)) for table in wanted})
+        return changes
+
+    def _write_schedulers(self, changed: set[tuple]) -> None:
+        """Store each GPU's scheduler reading where it differs from the stored one (`changed`, from
+        `_state_changes`): at most one bulk update per batch, so the hot ingest path writes nothing
+        while the scheduler is unchanged. `scheduler_reported_at` is therefore when the reading last
+        changed."""
+        if not changed:
+            return
+        gpus = [Gpu(pk=pk, scheduler_reported=self.schedulers[pk], scheduler_reported_at=self.now)
+                for (pk,) in sorted(changed)]
+        lock_rows(Gpu.objects.filter(pk__in=[gpu.pk for gpu in gpus]))  # fleet.locks' order, as above
+        Gpu.objects.bulk_update(gpus, ["scheduler_reported", "scheduler_reported_at"])
 
     def _write_reported_devices(self) -> None:
         """Store the device each agent reports for a vGPU where it differs from the stored one (found
@@ -1003,35 +1031,18 @@ class _Batch:
                    for row in locked]
         Vgpu.objects.bulk_update(changed, ["reported_device_id", "reported_device_at"])
 
-    def _write_health(self) -> None:
-        """Store the health readings: state rows where they changed, XID events once each.
+    def _write_health(self, changes: dict[_StateTable, tuple[set[tuple], set[int]]]) -> None:
+        """Store the health readings: state rows where they changed (`changes`, from
+        `_state_changes`), XID events once each.
 
         The state tables hold the latest reading (`changed_at`: when it last changed), so only the
         rows that differ from the batch's readings are written: a fleet whose health does not
-        change costs one read a batch and no write. On PostgreSQL the database compares
-        (`_state_changes_pg`: one statement for the three tables, answering only the keys that
-        differ), elsewhere the stored rows are read and compared here. The rows hang off the
-        fleet's and lock nothing after themselves (fleet.locks' last group): they are written
-        after the GPUs and vGPUs, each table in ascending key, so two batches reporting the same
-        GPUs queue behind each other rather than deadlock.
+        change writes nothing. The rows hang off the fleet's and lock nothing after themselves
+        (fleet.locks' last group): they are written after the GPUs and vGPUs, each table in
+        ascending key, so two batches reporting the same GPUs queue behind each other rather
+        than deadlock.
         """
-        readings = {
-            _GPU_STATE: {(gpu_id,): _health_values(health, GPU_HEALTH_FIELDS)
-                         for gpu_id, health in self.gpu_health.items()},
-            _VGPU_STATE: {key: (vgpu_id, type_name, *_health_values(health, VGPU_HEALTH_FIELDS))
-                          for key, (vgpu_id, type_name, health) in self.vgpu_health.items()},
-            _DRIVER_STATE: {(host_id,): _health_values(driver, _DRIVER_STATE.fields)
-                            for host_id, driver in self.drivers.items()},
-        }
-        # The vGPU rows of a GPU whose report lists its vGPUs (with health) are those running now:
-        # a row of one of those GPUs that the readings do not name is gone.
-        scopes = {_GPU_STATE: None, _VGPU_STATE: self.vgpu_health_gpus, _DRIVER_STATE: None}
-        wanted = [table for table in readings if readings[table] or scopes[table]]
-        if connection.vendor == "postgresql":
-            changes = _state_changes_pg([(table, readings[table], scopes[table]) for table in wanted]) if wanted else {}
-        else:
-            changes = {table: _state_changes(table, readings[table], scopes[table]) for table in wanted}
-        for table in wanted:
+        for table in (_GPU_STATE, _VGPU_STATE, _DRIVER_STATE):
             changed, gone = changes[table]
             if gone:
                 table.model.objects.filter(pk__in=sorted(gone)).delete()
@@ -1040,7 +1051,7 @@ class _Batch:
                 for key in sorted(changed):
                     fields = dict(zip(table.keys, key, strict=True))
                     rows.append(table.model(changed_at=self.now, **fields,
-                                            **_state_fields(table.fields, readings[table][key])))
+                                            **_state_fields(table.fields, self.state_readings[table][key])))
                 table.model.objects.bulk_create(
                     rows, update_conflicts=True, unique_fields=[k.removesuffix("_id") for k in table.keys],
                     update_fields=[*table.fields, "changed_at"])
@@ -1162,31 +1173,21 @@ def _state_fields(fields: tuple[str, ...], values: tuple) -> dict:
     return row
 
 
-@lru_cache(maxsize=4096)
-def _json_text(text: str):
-    return json.loads(text)
-
-
-def _json(value):
-    """A jsonb value as read (text, or decoded where the driver already did), decoded; lists become
-    tuples in the cache and lists again here, so a caller cannot change the cached value."""
-    if not isinstance(value, str):
-        return value
-    decoded = _json_text(value)
-    return list(decoded) if isinstance(decoded, list) else decoded
-
-
 @dataclass(frozen=True, eq=False)
 class _StateTable:
-    """A health state table as the ingest compares and upserts it: `keys` are the columns that
-    name a row (its unique key), `fields` the columns holding the reading (model field names;
-    a licence expiry compared as Unix seconds, see `_health_values`)."""
+    """State the ingest keeps as the latest reading and writes only when it differs: `keys` are the
+    columns that name a row (its unique key), `fields` the columns holding the reading (model field
+    names; a licence expiry compared as Unix seconds, see `_health_values`). With `upsert`, a
+    reading without a row is a change (the row is created); without, the row must exist (a
+    column of an inventory row) and a reading without one is not compared."""
 
     model: type
     keys: tuple[str, ...]
     fields: tuple[str, ...]
+    upsert: bool = True
 
 
+_SCHEDULER_STATE = _StateTable(Gpu, ("id",), ("scheduler_reported",), upsert=False)
 _GPU_STATE = _StateTable(GpuHealthState, ("gpu_id",), GPU_HEALTH_FIELDS)
 _VGPU_STATE = _StateTable(VgpuHealthState, ("vm_id", "gpu_id"), ("vgpu_id", "type_name", *VGPU_HEALTH_FIELDS))
 _DRIVER_STATE = _StateTable(HostDriverState, ("host_id",), tuple(DriverInfo.__slots__))
@@ -1215,6 +1216,8 @@ def _state_changes(table: _StateTable, readings: dict[tuple, tuple], scope: Coll
             stored[key] = values[len(table.keys):]
         else:
             gone.add(pk)
+    if not table.upsert:
+        return {key for key, values in readings.items() if key in stored and stored[key] != values}, gone
     return {key for key, values in readings.items() if stored.get(key) != values}, gone
 
 
@@ -1277,6 +1280,9 @@ def _state_compare_sql(table: _StateTable, n: int, scoped: bool) -> str:
     on = " AND ".join(f"s.{key} = r.{key}" for key in table.keys)
     keys = ", ".join([*(f"r.{key}" for key in table.keys), *["NULL::bigint"] * (_STATE_KEY_WIDTH - len(table.keys))])
     first = table.keys[0]
+    if not scoped and not table.upsert:
+        return (f"SELECT {n}, NULL::bigint, {keys} FROM {readings} "
+                f"JOIN {model._meta.db_table} AS s ON {on} WHERE {differs}")
     if not scoped:
         return (f"SELECT {n}, NULL::bigint, {keys} FROM {readings} "
                 f"LEFT JOIN {model._meta.db_table} AS s ON {on} WHERE s.{first} IS NULL OR {differs}")
