@@ -270,6 +270,15 @@ def _parse_uuid(value: str | None) -> uuid_lib.UUID | None:
         return None
 
 
+@lru_cache(maxsize=1 << 18)
+def _vm_key(value: str | None) -> str | None:
+    """A reported VM UUID as the VM maps are keyed: the UUID's canonical text (lower case, with
+    dashes, as PostgreSQL writes it), or None for no UUID or a value that is none. Text, not a
+    `uuid.UUID`: its hash is a Python call, and a batch looks VMs up ~10,000 times."""
+    parsed = _parse_uuid(value)
+    return str(parsed) if parsed is not None else None
+
+
 def _missing_identity(reading: GpuReading) -> list[str]:
     """What a GPU reading lacks to be added to the inventory (product name, PCI bus id, frame buffer)."""
     return [label for label, value in (("product name", reading.name), ("PCI bus id", reading.pci_bus_id),
@@ -292,11 +301,12 @@ def _identity(report: Report, reading: GpuReading) -> dict:
 
 
 class _VmRow:
-    """The fields of a VM the mapping reads (a model instance costs ~10x more to build)."""
+    """The fields of a VM the mapping reads (a model instance costs ~10x more to build); `uuid` as
+    `_vm_key` gives it."""
 
     __slots__ = ("pk", "uuid", "name")
 
-    def __init__(self, pk: int, uuid: uuid_lib.UUID, name: str):
+    def __init__(self, pk: int, uuid: str, name: str):
         self.pk, self.uuid, self.name = pk, uuid, name
 
 
@@ -388,10 +398,9 @@ class _Batch:
         self.gpus: dict[str, Gpu | _GpuRow] = {}
         self.hosts_by_id: dict[int, Host] = {}
         self.hosts_by_key: dict[str, Host] = {}
-        self.vms_by_uuid: dict[uuid_lib.UUID, _VmRow] = {}
+        self.vms_by_uuid: dict[str, _VmRow] = {}  # by `_vm_key`
         self.vms_by_name: dict[str, _VmRow] = {}
         self.vgpus_by_vm: dict[int, list[_VgpuRow]] = defaultdict(list)
-        self.vm_uuid_of: dict[str, uuid_lib.UUID | None] = {}  # reported VM UUID -> parsed, once per batch
         self.found: dict[tuple[str, str], tuple[Agent, str, dict]] = {}
         # Rows as tuples in *_SAMPLE_COLUMNS order, keyed like the unique constraints.
         self.gpu_samples: dict[tuple, tuple] = {}
@@ -449,15 +458,12 @@ class _Batch:
             for host in hosts:
                 self._add_host(host)
         vm_uuids, vm_names = set(), set()
-        parse = self.vm_uuid_of
         for _, report in self.items:
             for readings in [gpu.vgpus for gpu in report.gpus] + [report.guest_vgpus]:
                 for reading in readings:
-                    raw = reading.vm_uuid
-                    if raw and raw not in parse:
-                        parse[raw] = _parse_uuid(raw)
-                    if raw and parse[raw] is not None:
-                        vm_uuids.add(parse[raw])
+                    key = _vm_key(reading.vm_uuid)
+                    if key is not None:
+                        vm_uuids.add(key)
                     if reading.vm_name:
                         vm_names.add(reading.vm_name)
         if connection.vendor == "postgresql":
@@ -469,8 +475,8 @@ class _Batch:
         if vm_uuids or vm_names:
             rows = VirtualMachine.objects.filter(Q(uuid__in=vm_uuids) | Q(name__in=vm_names))
             for pk, vm_uuid, name in rows.values_list("id", "uuid", "name"):
-                vm = _VmRow(pk, vm_uuid, name)
-                self.vms_by_uuid[vm_uuid] = vm
+                vm = _VmRow(pk, str(vm_uuid), name)
+                self.vms_by_uuid[vm.uuid] = vm
                 self.vms_by_name[name] = vm
         vm_ids = {vm.pk for vm in self.vms_by_name.values()}
         if vm_ids:
@@ -480,7 +486,7 @@ class _Batch:
             for row in declared:
                 self.vgpus_by_vm[row[1]].append(_VgpuRow(*row))
 
-    def _load_pg(self, uuids: set[str], vm_uuids: set[uuid_lib.UUID]) -> None:
+    def _load_pg(self, uuids: set[str], vm_uuids: set[str]) -> None:
         """The batch's GPUs, VMs and declared vGPUs as plain rows: from this process's copy of the
         inventory (`telemetry.inventory_cache`, checked against the tables' versions once per
         batch), the rows it lacks in at most four small queries, which fill it.
@@ -509,7 +515,7 @@ class _Batch:
             self.gpus = {uuid: gpu for uuid in uuids if (gpu := kept.gpus[uuid]) is not None}
             wanted = missing(kept.vms_by_uuid, vm_uuids)
             if wanted:
-                cursor.execute("SELECT id, uuid, name FROM fleet_virtualmachine WHERE uuid = ANY(%s::uuid[])",
+                cursor.execute("SELECT id, uuid::text, name FROM fleet_virtualmachine WHERE uuid = ANY(%s::uuid[])",
                                [wanted])
                 found = {row[1]: _VmRow(*row) for row in cursor.fetchall()}
                 kept.vms_by_uuid.update((vm_uuid, found.get(vm_uuid, inventory_cache.ABSENT)) for vm_uuid in wanted)
@@ -522,11 +528,11 @@ class _Batch:
             by_name = {reading.vm_name for _, report in self.items
                        for readings in [gpu.vgpus for gpu in report.gpus] + [report.guest_vgpus]
                        for reading in readings
-                       if reading.vm_name and self.vm_uuid_of.get(reading.vm_uuid) not in self.vms_by_uuid}
+                       if reading.vm_name and _vm_key(reading.vm_uuid) not in self.vms_by_uuid}
             by_name -= self.vms_by_name.keys()
             wanted = missing(kept.vms_by_name, by_name)
             if wanted:
-                cursor.execute("SELECT id, uuid, name FROM fleet_virtualmachine WHERE name = ANY(%s::varchar[])",
+                cursor.execute("SELECT id, uuid::text, name FROM fleet_virtualmachine WHERE name = ANY(%s::varchar[])",
                                [wanted])
                 found = {row[2]: _VmRow(*row) for row in cursor.fetchall()}
                 kept.vms_by_name.update((name, found.get(name, inventory_cache.ABSENT)) for name in wanted)
@@ -576,8 +582,8 @@ class _Batch:
         """The inventory VM a vGPU reading is for: by its VM UUID when it carries one (and then by
         that alone), by name only when it carries none (see the module docstring)."""
         if reading.vm_uuid:
-            vm_uuid = self.vm_uuid_of.get(reading.vm_uuid)
-            return self.vms_by_uuid.get(vm_uuid) if vm_uuid else None
+            key = _vm_key(reading.vm_uuid)
+            return self.vms_by_uuid.get(key) if key else None
         return self.vms_by_name.get(reading.vm_name) if reading.vm_name else None
 
     def _uuid_mismatch(self, agent: Agent, reading: VgpuReading, where: str) -> bool:
@@ -986,14 +992,14 @@ class _Batch:
         (`Gpu.scheduler_reported`) and the health state tables, as `_state_changes` describes. On
         PostgreSQL one statement for them all, answering only what differs (nothing while the
         fleet holds still); elsewhere each table is read and compared here."""
+        # Each reading as its row: key columns, then fields.
+        gpu_values, driver_values = _getter(GPU_HEALTH_FIELDS), _getter(_DRIVER_STATE.fields)
         readings = {
-            _SCHEDULER_STATE: {(gpu_id,): (reading,) for gpu_id, reading in self.schedulers.items()},
-            _GPU_STATE: {(gpu_id,): _health_values(health, GPU_HEALTH_FIELDS)
-                         for gpu_id, health in self.gpu_health.items()},
-            _VGPU_STATE: {key: (vgpu_id, type_name, *_health_values(health, VGPU_HEALTH_FIELDS))
+            _SCHEDULER_STATE: {(gpu_id,): (gpu_id, reading) for gpu_id, reading in self.schedulers.items()},
+            _GPU_STATE: {(gpu_id,): (gpu_id, *gpu_values(health)) for gpu_id, health in self.gpu_health.items()},
+            _VGPU_STATE: {key: (*key, vgpu_id, type_name, *_vgpu_health_values(health))
                           for key, (vgpu_id, type_name, health) in self.vgpu_health.items()},
-            _DRIVER_STATE: {(host_id,): _health_values(driver, _DRIVER_STATE.fields)
-                            for host_id, driver in self.drivers.items()},
+            _DRIVER_STATE: {(host_id,): (host_id, *driver_values(driver)) for host_id, driver in self.drivers.items()},
         }
         self.state_readings = readings
         # The vGPU rows of a GPU whose report lists its vGPUs (with health) are those running now:
@@ -1049,9 +1055,9 @@ class _Batch:
             if changed:
                 rows = []
                 for key in sorted(changed):
-                    fields = dict(zip(table.keys, key, strict=True))
-                    rows.append(table.model(changed_at=self.now, **fields,
-                                            **_state_fields(table.fields, self.state_readings[table][key])))
+                    row = self.state_readings[table][key]
+                    rows.append(table.model(changed_at=self.now, **dict(zip(table.keys, key, strict=True)),
+                                            **_state_fields(table.fields, row[len(table.keys):])))
                 table.model.objects.bulk_create(
                     rows, update_conflicts=True, unique_fields=[k.removesuffix("_id") for k in table.keys],
                     update_fields=[*table.fields, "changed_at"])
@@ -1155,18 +1161,22 @@ def _getter(fields: tuple[str, ...]):
     return attrgetter(*fields)
 
 
-def _health_values(reading: GpuHealth | VgpuHealth | DriverInfo, fields: tuple[str, ...]) -> tuple:
-    """A health reading's `fields` as they are compared with the stored row (a licence expiry as
-    the Unix seconds its column keeps: `_state_changes`, `_state_changes_pg`)."""
-    values = _getter(fields)(reading)
-    if isinstance(reading, VgpuHealth) and reading.license_expiry is not None:
-        at = fields.index("license_expiry")
-        values = (*values[:at], _epoch(reading.license_expiry), *values[at + 1:])
+_EXPIRY_AT = VGPU_HEALTH_FIELDS.index("license_expiry")
+_vgpu_health_getter = attrgetter(*VGPU_HEALTH_FIELDS)
+
+
+def _vgpu_health_values(reading: VgpuHealth) -> tuple:
+    """A vGPU's health reading (VGPU_HEALTH_FIELDS) as it is compared with the stored row: a licence
+    expiry as the Unix seconds its column keeps (whole microseconds), the rest as read."""
+    values = _vgpu_health_getter(reading)
+    expiry = values[_EXPIRY_AT]
+    if expiry is not None and _epoch(expiry) != expiry:  # a fraction finer than the column's
+        values = (*values[:_EXPIRY_AT], _epoch(expiry), *values[_EXPIRY_AT + 1:])
     return values
 
 
 def _state_fields(fields: tuple[str, ...], values: tuple) -> dict:
-    """Keyword arguments of a state row from `_health_values`' tuple (the expiry back to a time)."""
+    """Keyword arguments of a state row from its compared fields (a licence expiry back to a time)."""
     row = dict(zip(fields, values, strict=True))
     if row.get("license_expiry") is not None:
         row["license_expiry"] = datetime.fromtimestamp(row["license_expiry"], tz=UTC)
@@ -1177,7 +1187,7 @@ def _state_fields(fields: tuple[str, ...], values: tuple) -> dict:
 class _StateTable:
     """State the ingest keeps as the latest reading and writes only when it differs: `keys` are the
     columns that name a row (its unique key), `fields` the columns holding the reading (model field
-    names; a licence expiry compared as Unix seconds, see `_health_values`). With `upsert`, a
+    names; a licence expiry compared as Unix seconds, see `_vgpu_health_values`). With `upsert`, a
     reading without a row is a change (the row is created); without, the row must exist (a
     column of an inventory row) and a reading without one is not compared."""
 
@@ -1195,10 +1205,10 @@ _DRIVER_STATE = _StateTable(HostDriverState, ("host_id",), tuple(DriverInfo.__sl
 
 def _state_changes(table: _StateTable, readings: dict[tuple, tuple], scope: Collection[int] | None,
                    ) -> tuple[set[tuple], set[int]]:
-    """Which rows of `table` differ from `readings` (key -> `_health_values` tuple), read and
-    compared here (the ORM: SQLite): the keys to upsert, and with a `scope` (the GPUs whose vGPU
-    rows the readings list in full) the primary keys of that scope's rows the readings no
-    longer name."""
+    """Which rows of `table` differ from `readings` (key -> the row it reads as: key columns, then
+    fields, as compared: `_vgpu_health_values`), read and compared here (the ORM: SQLite): the keys to
+    write, and with a `scope` (the GPUs whose vGPU rows the readings list in full) the primary
+    keys of that scope's rows the readings no longer name."""
     model = table.model
     columns = [*table.keys, *table.fields]
     times = [i for i, name in enumerate(columns) if model._meta.get_field(name).get_internal_type() == "DateTimeField"]
@@ -1216,9 +1226,10 @@ def _state_changes(table: _StateTable, readings: dict[tuple, tuple], scope: Coll
             stored[key] = values[len(table.keys):]
         else:
             gone.add(pk)
+    width = len(table.keys)
     if not table.upsert:
-        return {key for key, values in readings.items() if key in stored and stored[key] != values}, gone
-    return {key for key, values in readings.items() if stored.get(key) != values}, gone
+        return {key for key, row in readings.items() if key in stored and stored[key] != row[width:]}, gone
+    return {key for key, row in readings.items() if stored.get(key) != row[width:]}, gone
 
 
 def _state_changes_pg(tables: list[tuple[_StateTable, dict[tuple, tuple], Collection[int] | None]],
@@ -1230,12 +1241,12 @@ def _state_changes_pg(tables: list[tuple[_StateTable, dict[tuple, tuple], Collec
     while the fleet's health holds. Reading the stored rows out instead cost the collector
     40 ms a batch of 50 hosts (1,600 vGPU rows turned into Python tuples and compared). The
     comparison is the one `_state_changes` makes: field by field, NULL equal to NULL, JSON by
-    value, a time by its Unix seconds (as `_health_values` gives them).
+    value, a time by its Unix seconds (as `_vgpu_health_values` gives them).
     """
     parts, params = [], []
     for n, (table, readings, scope) in enumerate(tables):
         parts.append(_state_compare_sql(table, n, scope is not None))
-        params.append(orjson.dumps([(*key, *values) for key, values in readings.items()]).decode())
+        params.append(orjson.dumps(list(readings.values())).decode())
         if scope is not None:
             params.append(sorted(scope))
     changes: dict[_StateTable, tuple[set[tuple], set[int]]] = {table: (set(), set()) for table, _, _ in tables}
