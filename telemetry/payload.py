@@ -553,8 +553,8 @@ def _number_ok(value: Any, lo: float, hi: float) -> bool:
     return value is None or (type(value) in _NUMBER and lo <= value <= hi)
 
 
-def _percents_ok(*values: Any) -> bool:
-    return all(value is None or (type(value) in _NUMBER and 0 <= value <= 100) for value in values)
+def _percent_ok(value: Any) -> bool:
+    return value is None or (type(value) in _NUMBER and 0 <= value <= 100)
 
 
 def _count_ok(value: Any, maximum: int = MAX_COUNT) -> bool:
@@ -566,7 +566,7 @@ def _choice_ok(value: Any, choices: frozenset[str]) -> bool:
 
 
 def _names_ok(value: Any, known: frozenset[str]) -> bool:
-    return type(value) is list and all(type(name) is str and name in known for name in value)
+    return type(value) is list and (not value or all(type(name) is str and name in known for name in value))
 
 
 _VGPU_HEALTH_NAMES = frozenset(VGPU_HEALTH_FIELDS)
@@ -591,7 +591,8 @@ def _vgpu_fast(obj: Any, gpu_fb_total: float | None) -> VgpuReading | None:
     fb_hi = MAX_FB_MIB if gpu_fb_total is None else gpu_fb_total
     if not (_str_ok(vgpu_uuid, MAX_UUID) and _str_ok(vm_uuid, MAX_UUID) and _str_ok(vm_name, MAX_NAME)
             and _str_ok(type_name, MAX_TYPE_NAME) and _str_ok(mdev_uuid, MAX_UUID)
-            and _number_ok(fb_used, 0, fb_hi) and _percents_ok(util_gpu, util_mem, enc, dec)):
+            and _number_ok(fb_used, 0, fb_hi) and _percent_ok(util_gpu) and _percent_ok(util_mem)
+            and _percent_ok(enc) and _percent_ok(dec)):
         return None
     health = _vgpu_health_fast(obj)
     if health is _SLOW:
