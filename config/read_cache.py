@@ -145,9 +145,12 @@ class _PendingBumps:
         bump(self.tables)
 
 
-def _written(connection, table: str) -> None:
+def _written(connection, tables: list[str]) -> None:
+    """Bump `tables` now (one cache round trip for them all) and, inside a transaction, again once it commits."""
+    if not tables:
+        return
     if not connection.in_atomic_block:
-        bump([table])
+        bump(tables)
         return
     pending = connection.__dict__.get("_read_cache_pending")
     # The callback leaves run_on_commit when the transaction ends or its savepoint rolls back.
@@ -155,17 +158,16 @@ def _written(connection, table: str) -> None:
         pending = _PendingBumps()
         connection.__dict__["_read_cache_pending"] = pending
         transaction.on_commit(pending.flush, using=connection.alias)
-    pending.tables.add(table)
+    pending.tables.update(tables)
     # At once as well, for each statement: a read in this transaction, between two writes, must
     # not be served the rows before the second.
-    bump([table])
+    bump(tables)
 
 
 def written(connection, tables: Iterable[str]) -> None:
     """Note writes the execute wrapper cannot see (COPY through the driver): the tables get new
     versions now and again once the transaction commits, as for any other write."""
-    for table in tables:
-        _written(connection, table)
+    _written(connection, list(tables))
 
 
 def written_tables(sql: str) -> list[str]:
@@ -182,8 +184,7 @@ def execute_wrapper(execute, sql, params, many, context):
     if isinstance(sql, str):
         written = written_tables(sql)
         if written:
-            for table in written:
-                _written(context["connection"], table)
+            _written(context["connection"], written)
         else:
             recording = getattr(_local, "recording", None)
             if recording is not None:

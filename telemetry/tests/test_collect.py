@@ -115,6 +115,36 @@ def test_failures_count_up_until_the_agent_answers_again():
     assert samples_of(host) == (1, 1)
 
 
+def test_a_batch_of_mixed_outcomes_records_each_agents_own_status(settings, django_assert_max_num_queries):
+    settings.TELEMETRY_POLL_INTERVAL_S = 10
+    fine, refused, down = (polled_agent(name, f"http://127.0.0.1:{9100 + n}")
+                           for n, name in enumerate(("fine", "clock-off", "down")))
+    Agent.objects.filter(pk=down.pk).update(clock_skew_s=0.25, consecutive_failures=2, last_error="earlier")
+    claim = timezone.now() - timedelta(seconds=2)
+    Agent.objects.filter(pk__in=[fine.pk, refused.pk]).update(last_attempt=claim)  # claimed by this beat
+    agents = Agent.objects.in_bulk([fine.pk, refused.pk, down.pk])
+    attempted = timezone.now()
+    outcomes = [
+        collect.PollOutcome(agent=agents[fine.pk], attempted_at=attempted, clock_skew_s=0.5),
+        collect.PollOutcome(agent=agents[refused.pk], attempted_at=attempted, clock_skew_s=-3600.0,
+                            error="report refused: stamped an hour behind"),
+        collect.PollOutcome(agent=agents[down.pk], attempted_at=attempted, error="connection refused"),
+    ]
+
+    with django_assert_max_num_queries(1 if connection.vendor == "postgresql" else 10):
+        collect.record_outcomes(outcomes)
+
+    fine, refused, down = (Agent.objects.get(pk=agent.pk) for agent in (fine, refused, down))
+    assert (fine.status, fine.consecutive_failures, fine.clock_skew_s, fine.last_error) == (AgentStatus.OK, 0, 0.5, "")
+    assert fine.last_seen is not None
+    assert fine.last_attempt == claim, "a claimed agent keeps its claim instant"
+    assert (refused.status, refused.consecutive_failures, refused.clock_skew_s, refused.last_seen) == (
+        AgentStatus.ERROR, 1, -3600.0, None)
+    assert refused.last_error == "report refused: stamped an hour behind"
+    assert (down.consecutive_failures, down.clock_skew_s, down.last_error) == (3, 0.25, "connection refused")
+    assert down.last_attempt == attempted, "an agent polled without a claim gets the attempt's time"
+
+
 def test_polls_reuse_one_keep_alive_connection():
     host = inventory_host("keepalive", gpus=1, vgpus_per_gpu=1)
     agent = polled_agent("keepalive", "http://placeholder", host=host)

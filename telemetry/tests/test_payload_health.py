@@ -7,6 +7,7 @@ import copy
 
 import pytest
 
+from telemetry import payload as payload_module
 from telemetry.payload import (
     DriverInfo,
     GpuHealth,
@@ -157,3 +158,67 @@ def test_bad_health_values_are_refused_with_the_path(mutate, message):
         parse_agent_payload(payload)
 
     assert str(refused.value).startswith(message), str(refused.value)
+
+
+# The collector checks a well-formed object in one pass (payload's "common case" checks) and
+# everything else field by field. Each value below is put into each field of a GPU, its health,
+# its scheduler and a vGPU: a report the one-pass checks accept must be one the field-by-field
+# checks accept too, read the same; anything else must still be refused with the field's path.
+_NASTY = [None, 0, -1, 1, 0.5, 87, 99.5, 100, 100.5, 101, 200, 201, 1000, 10_000, 10_001, 100_000, 100_001, 2**31 - 1,
+          2**31, 2**62, 2**62 + 1, 1e11, -100, -101, 46068, 46069, True, False, "", "x", "P0", "P00000000",
+          "enabled", "licensed", "unlicensed", "initialized", "gpu_idle", "x" * 41, "x" * 81, "x" * 101, [],
+          ["gpu_idle"], ["bogus"], [None], ["fan_speed_pct"], ["frame_rate_limit"], [{"code": 79, "at": 1.0}], {},
+          float("nan"), float("inf"), "__missing__"]
+
+
+def _with(obj: dict, key: str, value) -> dict:
+    changed = copy.deepcopy(obj)
+    if value == "__missing__":
+        changed.pop(key, None)
+    else:
+        changed[key] = value
+    return changed
+
+
+def _outcome(payload: dict) -> str:
+    """The report (its repr: every field, the ones left out of == too) or the refusal's message."""
+    try:
+        return repr(parse_agent_payload(payload))
+    except PayloadError as exc:
+        return f"refused: {exc}"
+
+
+def _field_by_field(payload: dict, monkeypatch) -> str:
+    with monkeypatch.context() as patch:
+        for name in ("_gpu_fast", "_vgpu_fast"):
+            patch.setattr(payload_module, name, lambda *args: None)
+        for name in ("_gpu_health_fast", "_vgpu_health_fast", "_scheduler_fast"):
+            patch.setattr(payload_module, name, lambda *args: payload_module._SLOW)
+        return _outcome(payload)
+
+
+@pytest.mark.parametrize("where", ["gpu", "health", "scheduler", "vgpu"])
+def test_the_one_pass_checks_accept_only_what_the_field_by_field_checks_accept(where, monkeypatch):
+    base = _payload()
+    base["gpus"][0]["scheduler"] = {"policy": "equal_share", "arr_mode": "default", "avg_factor": 33,
+                                    "timeslice_ms": None, "frequency_hz": 480.0}
+    base["gpus"][0]["health"]["xid_events"] = []
+    gpu = base["gpus"][0]
+    target = {"gpu": gpu, "health": gpu["health"], "scheduler": gpu["scheduler"], "vgpu": gpu["vgpus"][0]}[where]
+    assert payload_module._gpu_fast(gpu) is not None, "a well-formed GPU is read in one pass"
+    assert _outcome(base) == _field_by_field(base, monkeypatch)
+    assert not _outcome(base).startswith("refused")
+    compared = 0
+    for key in [k for k in target if k not in ("vgpus", "health", "scheduler")]:
+        for value in _NASTY:
+            payload = copy.deepcopy(base)
+            holder = payload["gpus"][0]
+            if where == "gpu":
+                payload["gpus"][0] = _with(holder, key, value)
+            elif where == "vgpu":
+                holder["vgpus"][0] = _with(holder["vgpus"][0], key, value)
+            else:
+                holder[where] = _with(holder[where], key, value)
+            assert _outcome(payload) == _field_by_field(payload, monkeypatch), (where, key, value)
+            compared += 1
+    assert compared > 200
