@@ -24,6 +24,9 @@ from config.settings import *  # noqa: E402, F403
 # router's tests (tests/test_db_router.py) can send a page's reads to it and see them there.
 # Routing to it stays off (DATABASE_READ_REPLICA None) unless a test turns it on: a mirror is a
 # second connection, which does not see the rows a test writes inside its own transaction.
-DATABASES["replica"] = {**DATABASES["default"], "TEST": {**DATABASES["default"].get("TEST", {}),  # noqa: F405
-                                                          "MIRROR": "default"}}
+# PostgreSQL only: on SQLite a mirror is a second connection to the same file, which closes and
+# locks the first one's in transactional tests (and replicas need DATABASE_URL anyway).
+if DATABASES["default"]["ENGINE"].endswith("postgresql"):  # noqa: F405
+    DATABASES["replica"] = {**DATABASES["default"], "TEST": {**DATABASES["default"].get("TEST", {}),  # noqa: F405
+                                                              "MIRROR": "default"}}
 DATABASE_READ_REPLICA = None

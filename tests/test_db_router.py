@@ -35,7 +35,15 @@ from telemetry.tests.loopback import polled_agent
 
 ROOT = Path(__file__).resolve().parents[1]
 BOTH = ["default", "replica"]
-COMMITTED = pytest.mark.django_db(transaction=True, serialized_rollback=True, databases=BOTH)
+#: The test settings mirror the test database as `replica` on PostgreSQL only (replicas are a
+#: PostgreSQL deployment's: DATABASE_REPLICA_URL needs DATABASE_URL); on SQLite a second connection
+#: to the test database would close and lock the first one's.
+POSTGRES_ONLY = pytest.mark.skipif("replica" not in connections.settings,
+                                   reason="a replica mirrors a PostgreSQL test database only")
+
+
+def COMMITTED(test):  # noqa: N802 - a mark, named as one
+    return POSTGRES_ONLY(pytest.mark.django_db(transaction=True, serialized_rollback=True, databases=BOTH)(test))
 
 
 @pytest.fixture
@@ -234,6 +242,7 @@ def test_celery_tasks_and_commands_read_the_primary():
 # -- without a replica ---------------------------------------------------------------------------
 
 
+@POSTGRES_ONLY
 @pytest.mark.django_db(databases=BOTH)
 def test_without_a_replica_every_read_and_write_is_the_primarys_and_nothing_is_pinned(browser):
     """The test settings' default, as a deployment without DATABASE_REPLICA_URL."""
