@@ -15,7 +15,8 @@ move far less with the load than throughput does.
 Each collector process runs `telemetry.collect.poll_batch` of ITS checkout (a worker started
 with that checkout first on sys.path), after one untimed pass over its agents, as
 bench/ingest.py's real path does; each agent at most once a second. The agents, the inventory
-and the health fields are bench/ingest.py's (`--health` there), created once in the database.
+and the health fields are bench/ingest.py's (`--health` there; `--no-health` leaves them out),
+created once in the database.
 Zero loss is checked per round: rows stored == rows the collectors reported (40 per good poll).
 Needs a PostgreSQL database of its own and a shared cache (REDIS_URL), as the workers would.
 Prints figures; asserts nothing.
@@ -108,6 +109,8 @@ def main() -> int:
     parser.add_argument("--procs", type=int, default=1, help="collector processes a checkout")
     parser.add_argument("--batch", type=int, default=50, help="agents per poll_batch (TELEMETRY_BATCH_SIZE)")
     parser.add_argument("--base-port", type=int, default=61000, help="first agent port (one port an agent)")
+    parser.add_argument("--no-health", action="store_true",
+                        help="agents without the health fields of issue 19 (as agents older than them)")
     args = parser.parse_args()
     trees = [str(Path(tree).resolve()) for tree in args.trees]
     names = args.names or ["A", "B"]
@@ -118,8 +121,9 @@ def main() -> int:
     from bench import ingest as bench
 
     bench._raise_fd_limit()
-    spec = bench.setup(args.agents, args.base_port, health=True)
-    bench.warm_health(spec, args.batch)
+    spec = bench.setup(args.agents, args.base_port, health=not args.no_health)
+    if not args.no_health:
+        bench.warm_health(spec, args.batch)
     work = ROOT / "var" / "bench-ab"
     work.mkdir(parents=True, exist_ok=True)
     spec_path = work / "agents.json"
@@ -137,8 +141,8 @@ def main() -> int:
     halves = [ids[0::2], ids[1::2]]
     totals = {name: {"ok": 0, "cpu": 0.0, "server_cpu": 0.0, "rates": []} for name in names}
     print(f"{platform.node()}: {os.cpu_count()} cores, Python {platform.python_version()}, {args.agents} agents "
-          f"(bench/ingest.py --health), {args.procs} collector process(es) a checkout, {args.seconds:g} s a round, "
-          f"batches of {args.batch}")
+          f"({'without' if args.no_health else 'with'} health fields), {args.procs} collector process(es) a "
+          f"checkout, {args.seconds:g} s a round, batches of {args.batch}")
     try:
         for round_ in range(args.rounds):
             bench.clear_samples()

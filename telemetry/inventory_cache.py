@@ -103,8 +103,8 @@ class InventoryCache:
         sight (`gc.freeze`), at most every FREEZE_EVERY_S; rows added since the last freeze are
         frozen by the first batch after that interval, even if the copy grows no more (a worker's
         first pass over its agents fills it within seconds, then it stays as it is). The copy is
-        hundreds of thousands of acyclic rows that every full collection would otherwise walk: a
-        quarter of the collector's CPU in bench/ingest.py while half of it was left unfrozen.
+        hundreds of thousands of acyclic rows that every full collection would otherwise walk: over
+        a tenth of the collector's CPU in bench/ingest.py while half of it was left unfrozen.
         They are still freed by reference counting when the copy is dropped."""
         self.unfrozen = True
         self._freeze_when_due()
