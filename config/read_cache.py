@@ -225,7 +225,7 @@ def cached(key: str, compute: Callable[[], T], *, max_age_s: float, lazy_prefixe
     entry whose tables changed is never served: requests arriving while another computes it
     wait for that result (taken only if it holds the current versions) instead.
     """
-    if not enabled() or getattr(_local, "recording", None) is not None:
+    if not enabled() or computing():
         return compute()
     entry_key = _ENTRY_PREFIX + key
     if _unbumped:
