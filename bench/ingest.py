@@ -51,6 +51,8 @@ sys.path.insert(0, str(ROOT))
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
 os.environ.setdefault("DEBUG", "true")  # development settings, as `make run`: DEBUG is off unless set
 
+from proc_cpu import backend_pid, own_cpu_s, postgres_background_pids, process_cpu_s  # noqa: E402 (bench/)
+
 GPUS_PER_HOST = 8
 VGPUS_PER_GPU = 4
 BOARD = "NVIDIA L40S"
@@ -58,7 +60,6 @@ PROFILE = "L40S-12Q"
 # An agent is polled again no sooner than this (samples are stamped to the whole second).
 SPACING_S = 1.05
 NAMESPACE = uuid.UUID("0e4c9f5a-3b7d-4e21-9c4f-be0c00000000")
-
 
 # -- agents ---------------------------------------------------------------------------------------
 
@@ -292,6 +293,10 @@ def real_worker(ids: list[int], seconds: float, batch: int, queue, profile: str 
             result = collect.poll_batch(shard)
             warm_gpu += result.gpu_samples
             warm_vgpu += result.vgpu_samples
+    from django.db import connection
+
+    backend = backend_pid(connection)
+    cpu_started, backend_started = own_cpu_s(), process_cpu_s(backend)
     started = time.monotonic()
     if profile:
         profiler.enable()
@@ -311,10 +316,11 @@ def real_worker(ids: list[int], seconds: float, batch: int, queue, profile: str 
             vgpu_rows += result.vgpu_samples
             errors.update(result.errors)
         passes += 1
+    cpu = {"collector": own_cpu_s() - cpu_started, "postgresql": process_cpu_s(backend) - backend_started}
     if profile:
         profiler.disable()
         profiler.dump_stats(profile)
-    queue.put({"polls": polls, "ok": ok, "gpu_rows": gpu_rows, "vgpu_rows": vgpu_rows, "passes": passes,
+    queue.put({"cpu": cpu, "polls": polls, "ok": ok, "gpu_rows": gpu_rows, "vgpu_rows": vgpu_rows, "passes": passes,
                "bound": bound, "elapsed": time.monotonic() - started, "errors": dict(list(errors.items())[:3]),
                "warm_rows": (warm_gpu, warm_vgpu)})
 
@@ -323,6 +329,7 @@ def run_real(spec: list[dict], seconds: float, procs: int, batch: int, profile: 
     from django.db import connection
 
     clear_samples()
+    shared = SharedCpu(connection)
     # A forked child must not inherit (and later close) this process's database session.
     connection.close()
     ids = [agent["id"] for agent in spec]
@@ -332,10 +339,14 @@ def run_real(spec: list[dict], seconds: float, procs: int, batch: int, profile: 
                for share in shares]
     for worker in workers:
         worker.start()
+    shared.start()  # the collectors' clocks start after their warm-up pass: this window is wider
     results = [queue.get() for _ in workers]
+    shared_cpu = shared.stop()
     for worker in workers:
         worker.join()
     total = {key: sum(r[key] for r in results) for key in ("polls", "ok", "gpu_rows", "vgpu_rows", "bound")}
+    total["cpu"] = {part: sum(r["cpu"][part] for r in results) for part in ("collector", "postgresql")}
+    total["cpu"].update(shared_cpu)
     total["elapsed"] = max(r["elapsed"] for r in results)
     total["errors"] = {k: v for r in results for k, v in r["errors"].items()}
     # The warm-up pass's rows are in the tables too: the timed polls' rows are the rest.
@@ -363,6 +374,9 @@ def run_ceiling(spec: list[dict], seconds: float) -> dict:
     conns = {agent["id"]: http.client.HTTPConnection("127.0.0.1", agent["port"], timeout=5) for agent in spec}
     headers = {agent["id"]: {"Authorization": f"Bearer {agent['token']}"} for agent in spec}
     polls = ok = expected_gpu = expected_vgpu = bound = 0
+    shared, backend = SharedCpu(connection), backend_pid(connection)
+    cpu_started, backend_started = own_cpu_s(), process_cpu_s(backend)
+    shared.start()
     started = time.monotonic()
     with connection.cursor() as cursor:
         raw = cursor.connection
@@ -404,10 +418,32 @@ def run_ceiling(spec: list[dict], seconds: float) -> dict:
             expected_gpu += len(gpu_rows)
             expected_vgpu += len(vgpu_rows)
             _copy(raw, transaction, gpu_rows, vgpu_rows)
+    cpu = {"collector": own_cpu_s() - cpu_started, "postgresql": process_cpu_s(backend) - backend_started,
+           **shared.stop()}
     for conn in conns.values():
         conn.close()
-    return {"polls": polls, "ok": ok, "gpu_rows": expected_gpu, "vgpu_rows": expected_vgpu, "bound": bound,
+    return {"cpu": cpu, "polls": polls, "ok": ok, "gpu_rows": expected_gpu, "vgpu_rows": expected_vgpu, "bound": bound,
             "elapsed": time.monotonic() - started, "errors": {}, "stored": stored_rows()}
+
+
+class SharedCpu:
+    """CPU seconds, between `start()` and `stop()`, of the parts a phase shares with the collectors:
+    the agents' server process and PostgreSQL's background processes (the WAL writer flushing the
+    samples' WAL, the checkpointer, the background writer)."""
+
+    agents_pid = 0  # set by main() once the agents' server runs
+
+    def __init__(self, connection):
+        self.pids = {"agents": [self.agents_pid], "postgresql background": postgres_background_pids(connection)}
+
+    def _now(self) -> dict[str, float]:
+        return {part: sum(map(process_cpu_s, pids)) for part, pids in self.pids.items()}
+
+    def start(self) -> None:
+        self.started = self._now()
+
+    def stop(self) -> dict[str, float]:
+        return {part: seconds - self.started[part] for part, seconds in self._now().items()}
 
 
 def _copy(raw, transaction, gpu_rows, vgpu_rows) -> None:
@@ -439,6 +475,10 @@ def report(name: str, result: dict) -> float:
           + (f"  (waited for the 1 s spacing {result['bound']} times: add agents)" if result["bound"] else ""))
     if result["errors"]:
         print(f"{'':<22} errors: {result['errors']}")
+    if result["ok"]:
+        parts = "  ".join(f"{part} {seconds * 1000 / result['ok']:.2f}" for part, seconds in result["cpu"].items())
+        total = sum(result["cpu"].values()) * 1000 / result["ok"]
+        print(f"{'':<22} CPU ms a poll: {parts}; all {total:.2f}")
     return polls_s
 
 
@@ -466,6 +506,7 @@ def main() -> int:
     server = start_agents(spec, "bench-agents.json")
     if server is None:
         return 1
+    SharedCpu.agents_pid = server.pid
     print(f"{platform.node()}: {os.cpu_count()} cores, Python {platform.python_version()}, "
           f"{args.agents} agents x {GPUS_PER_HOST} GPUs x {VGPUS_PER_GPU} vGPUs "
           f"({GPUS_PER_HOST * (1 + VGPUS_PER_GPU)} rows a poll), {args.seconds:g} s a phase, batches of {args.batch}")

@@ -46,6 +46,7 @@ django.setup()
 
 from django.core.management import call_command  # noqa: E402
 from django.db import connection  # noqa: E402
+from proc_cpu import process_cpu_s  # noqa: E402 (bench/)
 
 ADMIN_USERNAME = "admin"
 PAGE = "/"
@@ -410,20 +411,6 @@ def main() -> int:
     return max(failed_off, failed_on)
 
 
-CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
-
-
-def _proc_cpu_s(pid: int, *, children: bool = False) -> float:
-    """CPU seconds of process `pid` (user + system), with its exited children's if `children`;
-    0 if it is gone."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return 0.0
-    ticks = int(fields[11]) + int(fields[12]) + (int(fields[13]) + int(fields[14]) if children else 0)
-    return ticks / CLOCK_TICKS
-
-
 def _children(pid: int) -> list[int]:
     return [int(child) for task in Path(f"/proc/{pid}/task").glob("*") for child in _read(task / "children").split()]
 
@@ -461,9 +448,10 @@ class CpuMeter:
     def snapshot(self) -> dict[str, float]:
         backends = _database_backends()
         return {
-            "gunicorn": _proc_cpu_s(self.server_pid, children=True) + sum(map(_proc_cpu_s, _children(self.server_pid))),
-            "postgresql": sum(map(_proc_cpu_s, backends)),
-            "redis": sum(map(_proc_cpu_s, _redis_pids())),
+            "gunicorn": process_cpu_s(self.server_pid, children=True)
+            + sum(map(process_cpu_s, _children(self.server_pid))),
+            "postgresql": sum(map(process_cpu_s, backends)),
+            "redis": sum(map(process_cpu_s, _redis_pids())),
             "clients": time.process_time(),
         }
 

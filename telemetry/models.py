@@ -149,6 +149,18 @@ class Agent(models.Model):
         return AgentStatus.OK
 
 
+#: The sample tables' references to the inventory are not database constraints. A foreign key
+#: check costs PostgreSQL ~4 µs per referenced row at every commit (a locking lookup of the
+#: parent row): three a vGPU reading, two thirds of the server's work to store one
+#: (docs/benchmarks.md, issue 21 item 1). Django still deletes a GPU's or VM's samples with it
+#: (`on_delete` runs in Django) and clears `vgpu` when a vGPU row goes. What the constraint
+#: guarded is a poll whose report was mapped just before its GPU or VM was deleted and committed
+#: just after: its few rows then name an entity that no longer exists. Every reader of samples
+#: either starts from an inventory row or keeps only the entities that exist (rollups, alerts,
+#: drift, the latest readings: telemetry/tests/test_orphan_samples.py), and retention drops them.
+SAMPLE_REFERENCE = {"db_constraint": False}
+
+
 class GpuSample(models.Model):
     """One reading of a physical GPU. A metric the GPU does not support is NULL, never 0.
 
@@ -159,7 +171,8 @@ class GpuSample(models.Model):
 
     id = models.BigAutoField(primary_key=True)
     # No index of its own: the unique (gpu, ts) key serves lookups and cascades by GPU.
-    gpu = models.ForeignKey(Gpu, on_delete=models.CASCADE, related_name="samples", db_index=False)
+    gpu = models.ForeignKey(Gpu, on_delete=models.CASCADE, related_name="samples", db_index=False,
+                            **SAMPLE_REFERENCE)
     ts = models.DateTimeField()
     util_gpu = models.SmallIntegerField(null=True)
     util_mem = models.SmallIntegerField(null=True)
@@ -194,9 +207,11 @@ class VgpuSample(models.Model):
 
     id = models.BigAutoField(primary_key=True)
     # No index of its own: the unique (vm, gpu, ts) key starts with it.
-    vm = models.ForeignKey(VirtualMachine, on_delete=models.CASCADE, related_name="samples", db_index=False)
-    gpu = models.ForeignKey(Gpu, on_delete=models.CASCADE, related_name="vgpu_samples")
-    vgpu = models.ForeignKey(Vgpu, null=True, blank=True, on_delete=models.SET_NULL, related_name="samples")
+    vm = models.ForeignKey(VirtualMachine, on_delete=models.CASCADE, related_name="samples", db_index=False,
+                           **SAMPLE_REFERENCE)
+    gpu = models.ForeignKey(Gpu, on_delete=models.CASCADE, related_name="vgpu_samples", **SAMPLE_REFERENCE)
+    vgpu = models.ForeignKey(Vgpu, null=True, blank=True, on_delete=models.SET_NULL, related_name="samples",
+                             **SAMPLE_REFERENCE)
     ts = models.DateTimeField()
     fb_used_mib = models.IntegerField(null=True)
     util_gpu = models.SmallIntegerField(null=True)

@@ -62,7 +62,7 @@ from django.db import IntegrityError, transaction
 from django.db.models import Count, Sum
 from django.utils import timezone
 
-from fleet.models import Vgpu
+from fleet.models import Gpu, Vgpu, VirtualMachine
 from telemetry import strips
 from telemetry.aggregation import bucket_floor, max_or_none, sum_or_none, summarize
 from telemetry.metrics import FIVE_MINUTES
@@ -217,6 +217,12 @@ class _Series:
         fleet is millions of rows)."""
         end = bucket + timedelta(seconds=self.step_s)
         samples = self.samples_model.objects.filter(ts__gte=bucket, ts__lt=end)
+        # Only entities that exist: a poll that raced a deletion leaves rows naming a GPU or VM
+        # that is gone (telemetry.models.SAMPLE_REFERENCE), and a rollup must not name it.
+        if self.kind == "gpu":
+            samples = samples.filter(gpu_id__in=Gpu.objects.values("pk"))
+        else:
+            samples = samples.filter(vm_id__in=VirtualMachine.objects.values("pk"))
         count = 0
         rollups = []
         if self.kind == "gpu":
