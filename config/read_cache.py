@@ -241,7 +241,7 @@ class _Entry:
 
 
 def cached(key: str, compute: Callable[[], T], *, max_age_s: float, lazy_prefixes: tuple[str, ...] = (),
-           should_store: Callable[[T], bool] = lambda value: True) -> T:
+           should_store: Callable[[T], bool] = lambda value: True, along: Iterable[str] = ()) -> T:
     """`compute()`, or its earlier value if no table it read has changed since and it is younger
     than `max_age_s`.
 
@@ -252,6 +252,10 @@ def cached(key: str, compute: Callable[[], T], *, max_age_s: float, lazy_prefixe
     the readers outside its transaction): requests arriving while another computes it wait for
     that result (taken only if it holds the current versions) instead, one of them computing it
     again if it came already stale.
+
+    `along`: keys of entries the same request will ask for next (an API token's, then the list
+    page of its user): fetched in the same round trip and kept for this thread until asked for
+    or `forget_fetched_along()`, which the request must call when it ends.
     """
     if not enabled() or computing():
         return compute()
@@ -263,7 +267,7 @@ def cached(key: str, compute: Callable[[], T], *, max_age_s: float, lazy_prefixe
     lock_key = entry_key + ":refreshing"
     locked = False
     try:
-        entry, current = _entry_and_versions(entry_key)
+        entry, current = _entry_and_versions(entry_key, [_ENTRY_PREFIX + other for other in along])
         still_true = entry is not None and (_unchanged(entry, current, lazy_prefixes)
                                             or _changed_only_by_others_uncommitted(entry, current, lazy_prefixes))
         if still_true and time.time() - entry.computed_at < max_age_s:
@@ -352,18 +356,39 @@ _tables_of: dict[str, tuple[str, ...]] = {}
 _TABLES_OF_MAX = 10_000
 
 
-def _entry_and_versions(entry_key: str) -> tuple[_Entry | None, dict[str, str]]:
-    """The entry under `entry_key` and the current versions of the tables it read."""
-    tables = _tables_of.get(entry_key, ())
-    version_keys = {_VERSION_PREFIX + table: table for table in tables}
-    found = cache.get_many([entry_key, *version_keys])
-    entry = found.pop(entry_key, None)
+def _entry_and_versions(entry_key: str, along: list[str] | None = None) -> tuple[_Entry | None, dict[str, str]]:
+    """The entry under `entry_key` and the current versions of the tables it read; with `along`,
+    the entries under those keys and their tables' versions too, in the same round trip, kept
+    for this thread's next asking."""
+    fetched = getattr(_local, "fetched_along", None)
+    if fetched and entry_key in fetched:
+        entry, found = fetched.pop(entry_key)
+        if entry is None:
+            return None, {}
+        if set(entry.versions) == set(_tables_of.get(entry_key, ())):
+            return entry, _versions_found(entry.versions, found)
+    keys = [entry_key, *(along or ())]
+    version_keys = [_VERSION_PREFIX + table for key in keys for table in _tables_of.get(key, ())]
+    found = cache.get_many([*keys, *version_keys])
+    if along:
+        _local.fetched_along = {key: (found.get(key), found) for key in along}
+    entry = found.get(entry_key)
     if entry is None:
         return None, {}
-    if set(entry.versions) != set(tables):  # first sight in this process, or it reads other tables now
+    if set(entry.versions) != set(_tables_of.get(entry_key, ())):  # first sight here, or it reads other tables now
         _tables_of[entry_key] = tuple(entry.versions)
         return entry, versions(entry.versions)
-    return entry, {version_keys[key]: value for key, value in found.items()}
+    return entry, _versions_found(entry.versions, found)
+
+
+def _versions_found(tables: Iterable[str], found: dict[str, Any]) -> dict[str, str]:
+    return {table: found[_VERSION_PREFIX + table] for table in tables if _VERSION_PREFIX + table in found}
+
+
+def forget_fetched_along() -> None:
+    """Drop what `cached(along=...)` fetched for this thread and nobody asked for: a later request
+    must read the versions of its own time."""
+    _local.fetched_along = None
 
 
 def clear(**signal_kwargs) -> None:

@@ -421,3 +421,27 @@ def test_a_token_of_an_artist_never_gets_the_page_kept_for_an_admin_token(admin_
     HostFactory(name="gpu-02")  # seen at the next request of each
     assert host_names(admin) == ["gpu-01", "gpu-02"]
     assert host_names(ana) == []
+
+
+def test_a_script_polling_a_list_costs_one_cache_round_trip_a_request(admin_user, artist, monkeypatch):
+    """The token and the page it asked for last time are fetched together; the page is taken only
+    if the token is still its user's, in the same role (a demoted admin gets their own list)."""
+    from rest_framework.test import APIClient
+
+    from fleet.api_tokens import issue_token
+
+    HostFactory(name="gpu-01")
+    script = APIClient()
+    script.credentials(HTTP_AUTHORIZATION=f"Token {issue_token(admin_user, 'script')[1]}")
+    assert host_names(script) == ["gpu-01"]
+    assert host_names(script) == ["gpu-01"]
+    round_trips = []
+    backend = type(caches["default"])
+    get_many = backend.get_many
+    monkeypatch.setattr(backend, "get_many",
+                        lambda self, keys, **kwargs: round_trips.append(keys) or get_many(self, keys, **kwargs))
+    assert queries_of(script, HOSTS) == 0
+    assert len(round_trips) == 1
+    admin_user.is_staff = admin_user.is_superuser = False
+    admin_user.save()
+    assert host_names(script) == []

@@ -56,19 +56,33 @@ class CachedListMixin:
     #: Rows can also age without a write (an agent turning stale): no page is older than this.
     read_cache_max_age_s: float = 60
 
-    def list(self, request, *args, **kwargs):
-        renderer = request.accepted_renderer
-        if getattr(renderer, "format", None) != "json":
-            return super().list(request, *args, **kwargs)
-        user = request.user
+    def list_cache_key(self, request, user_pk, admin: bool) -> str | None:
+        """The read cache's key of the page this request asks for, as the user `user_pk` (an admin
+        or not); None when the page is not kept (not the JSON list). The token authentication
+        asks it before it knows the user, to fetch the page along with the token."""
+        if getattr(self, "action", None) != "list" or getattr(request.accepted_renderer, "format", None) != "json":
+            return None
         path = request.get_full_path()
         if len(path) > MAX_KEY_PATH_CHARS:
             path = f"{request.path}?sha256={hashlib.sha256(path.encode()).hexdigest()}"
         media_type = request.accepted_media_type
         if len(media_type) > MAX_KEY_PATH_CHARS:
             media_type = hashlib.sha256(media_type.encode()).hexdigest()
-        key = (f"api-list:{user.pk}:{'admin' if is_fleet_admin(user) else 'user'}:{request.scheme}:"
-               f"{request.get_host()}:{media_type}:{path}")
+        return (f"api-list:{user_pk}:{'admin' if admin else 'user'}:{request.scheme}:{request.get_host()}:"
+                f"{media_type}:{path}")
+
+    def dispatch(self, request, *args, **kwargs):
+        try:
+            return super().dispatch(request, *args, **kwargs)
+        finally:
+            read_cache.forget_fetched_along()
+
+    def list(self, request, *args, **kwargs):
+        user = request.user
+        key = self.list_cache_key(request, user.pk, is_fleet_admin(user))
+        if key is None:
+            return super().list(request, *args, **kwargs)
+        renderer = request.accepted_renderer
         refused = []
 
         def compute() -> bytes | None:
