@@ -35,7 +35,7 @@ from typing import Any, TypeVar
 from django.conf import settings
 from django.core.cache import cache, caches
 from django.core.cache.backends.redis import RedisCache
-from django.db import transaction
+from django.db import connections, transaction
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -50,6 +50,8 @@ _WITH = re.compile(r"\s*WITH\b", re.IGNORECASE)
 _WRITE_IN_WITH = re.compile(rf"\b{_WRITE_VERB}{_TABLE}", re.IGNORECASE)
 _READ = re.compile(r'\b(?:FROM|JOIN)\s+"?(\w+)"?', re.IGNORECASE)
 _VERSION_PREFIX = "read-cache:version:"
+#: Starts a version a write gave inside a transaction not committed yet (see the module's doc).
+_UNCOMMITTED = "uncommitted:"
 _ENTRY_PREFIX = "read-cache:entry:"
 #: After the cache failed, skip it this long: a hung Redis must not add its timeout to every query.
 _FAILURE_BACKOFF_S = 5.0
@@ -92,23 +94,33 @@ _unbumped_lock = threading.Lock()
 
 def bump(tables: Iterable[str]) -> None:
     """Give each table a new version: entries that read it are no longer served."""
+    _bump(tables)
+
+
+def _bump(tables: Iterable[str], *, uncommitted: bool = False) -> dict[str, str]:
+    """Bump `tables` (their versions marked `_UNCOMMITTED` if asked), and the tables written while
+    the cache could not be reached; the new versions of `tables`, {} if they could not be set."""
     if not settings.READ_CACHE_ENABLED:
-        return
+        return {}
+    tables = set(tables)
     with _unbumped_lock:
-        tables = {*tables, *_unbumped}
+        earlier = _unbumped - tables
     if not enabled():
         with _unbumped_lock:
             _unbumped.update(tables)
-        return
+        return {}
+    new = {table: uuid.uuid4().hex for table in earlier}
+    mine = {table: (_UNCOMMITTED if uncommitted else "") + uuid.uuid4().hex for table in tables}
     try:
-        cache.set_many({_VERSION_PREFIX + table: uuid.uuid4().hex for table in tables}, timeout=None)
+        cache.set_many({_VERSION_PREFIX + table: version for table, version in {**new, **mine}.items()}, timeout=None)
     except Exception as exc:  # noqa: BLE001 - an unreachable cache must not fail the write
         with _unbumped_lock:
-            _unbumped.update(tables)
+            _unbumped.update(tables, earlier)
         _cache_failed(exc)
-    else:
-        with _unbumped_lock:
-            _unbumped.difference_update(tables)
+        return {}
+    with _unbumped_lock:
+        _unbumped.difference_update(tables, earlier)
+    return mine
 
 
 def versions(tables: Iterable[str]) -> dict[str, str]:
@@ -137,12 +149,25 @@ def cache_failed(exc: Exception) -> None:
 
 @dataclass
 class _PendingBumps:
-    """Tables written in the current transaction; bumped again by `flush` once it commits."""
+    """Tables written in the current transaction; bumped again by `flush` once it commits.
+    `versions`: those its writes gave, marked uncommitted, which this transaction alone must
+    not read through."""
 
     tables: set[str] = field(default_factory=set)
+    versions: set[str] = field(default_factory=set)
 
     def flush(self) -> None:
         bump(self.tables)
+
+
+def _own_uncommitted_versions() -> set[str]:
+    """The uncommitted versions written by this thread's open transactions."""
+    own: set[str] = set()
+    for connection in connections.all(initialized_only=True):
+        pending = connection.__dict__.get("_read_cache_pending")
+        if pending is not None and connection.in_atomic_block:
+            own |= pending.versions
+    return own
 
 
 def _written(connection, tables: list[str]) -> None:
@@ -160,8 +185,9 @@ def _written(connection, tables: list[str]) -> None:
         transaction.on_commit(pending.flush, using=connection.alias)
     pending.tables.update(tables)
     # At once as well, for each statement: a read in this transaction, between two writes, must
-    # not be served the rows before the second.
-    bump(tables)
+    # not be served the rows before the second. Marked uncommitted: other readers go on being
+    # served what they were until the commit.
+    pending.versions.update(_bump(tables, uncommitted=True).values())
 
 
 def written(connection, tables: Iterable[str]) -> None:
@@ -215,15 +241,21 @@ class _Entry:
 
 
 def cached(key: str, compute: Callable[[], T], *, max_age_s: float, lazy_prefixes: tuple[str, ...] = (),
-           should_store: Callable[[T], bool] = lambda value: True) -> T:
+           should_store: Callable[[T], bool] = lambda value: True, along: Iterable[str] = ()) -> T:
     """`compute()`, or its earlier value if no table it read has changed since and it is younger
     than `max_age_s`.
 
     Tables whose names start with one of `lazy_prefixes` (telemetry written by every poll) do
     not make the entry stale; only its age does. While one request refreshes an entry that is
     merely old, the others are served the old value rather than all computing it at once. An
-    entry whose tables changed is never served: requests arriving while another computes it
-    wait for that result (taken only if it holds the current versions) instead.
+    entry whose tables changed is never served (a write not committed yet changes nothing for
+    the readers outside its transaction): requests arriving while another computes it wait for
+    that result (taken only if it holds the current versions) instead, one of them computing it
+    again if it came already stale.
+
+    `along`: keys of entries the same request will ask for next (an API token's, then the list
+    page of its user): fetched in the same round trip and kept for this thread until asked for
+    or `forget_fetched_along()`, which the request must call when it ends.
     """
     if not enabled() or computing():
         return compute()
@@ -235,8 +267,9 @@ def cached(key: str, compute: Callable[[], T], *, max_age_s: float, lazy_prefixe
     lock_key = entry_key + ":refreshing"
     locked = False
     try:
-        entry, current = _entry_and_versions(entry_key)
-        still_true = entry is not None and _unchanged(entry, current, lazy_prefixes)
+        entry, current = _entry_and_versions(entry_key, [_ENTRY_PREFIX + other for other in along])
+        still_true = entry is not None and (_unchanged(entry, current, lazy_prefixes)
+                                            or _changed_only_by_others_uncommitted(entry, current, lazy_prefixes))
         if still_true and time.time() - entry.computed_at < max_age_s:
             return entry.value
         locked = cache.add(lock_key, 1, timeout=_REFRESH_LOCK_S)
@@ -245,7 +278,7 @@ def cached(key: str, compute: Callable[[], T], *, max_age_s: float, lazy_prefixe
                 return entry.value  # merely old: served while another request refreshes it
             # Changed or missing, and another request is computing it: take its result rather
             # than compute the same at the same time, if it holds the current versions.
-            waited = _wait_for_refresh(entry_key, lock_key, lazy_prefixes, max_age_s)
+            waited, locked = _wait_for_refresh(entry_key, lock_key, lazy_prefixes, max_age_s)
             if waited is not None:
                 return waited.value
     except Exception as exc:  # noqa: BLE001 - an unreachable cache means computing, not failing
@@ -267,19 +300,34 @@ def _unchanged(entry: _Entry, current: dict[str, str], lazy_prefixes: tuple[str,
                for table, version in entry.versions.items())
 
 
-def _wait_for_refresh(entry_key: str, lock_key: str, lazy_prefixes: tuple[str, ...], max_age_s: float) -> _Entry | None:
-    """The entry another request is computing, once stored with the current versions; None if it
-    does not come within _COALESCE_WAIT_S (or the other request gave up), to compute it here."""
+def _changed_only_by_others_uncommitted(entry: _Entry, current: dict[str, str], lazy_prefixes: tuple[str, ...]) -> bool:
+    """Whether every table whose version changed since `entry` was computed was last written by a
+    transaction not committed yet, of another thread or process: for this reader the rows are
+    still those the entry was computed from."""
+    changed = [current.get(table) for table, version in entry.versions.items()
+               if current.get(table) != version and not table.startswith(lazy_prefixes)]
+    if not all(version is not None and version.startswith(_UNCOMMITTED) for version in changed):
+        return False
+    return not _own_uncommitted_versions().intersection(changed)
+
+
+def _wait_for_refresh(entry_key: str, lock_key: str, lazy_prefixes: tuple[str, ...],
+                      max_age_s: float) -> tuple[_Entry | None, bool]:
+    """The entry another request is computing, once stored with the current versions, or (None,
+    True) once this request took over the right to compute it: the other one gave up or stored
+    a result already stale (a write during its computation), and of the requests waiting, one
+    computes it again while the others go on waiting. (None, False) if nothing comes within
+    _COALESCE_WAIT_S: computed here then."""
     deadline = time.monotonic() + _COALESCE_WAIT_S
     while time.monotonic() < deadline:
         time.sleep(_COALESCE_POLL_S)
         entry, current = _entry_and_versions(entry_key)
         if entry is not None and _unchanged(entry, current, lazy_prefixes) and \
                 time.time() - entry.computed_at < max_age_s:
-            return entry
-        if cache.get(lock_key) is None:
-            return None
-    return None
+            return entry, False
+        if cache.get(lock_key) is None and cache.add(lock_key, 1, timeout=_REFRESH_LOCK_S):
+            return None, True
+    return None, False
 
 
 def _compute_and_keep(entry_key: str, compute: Callable[[], T], max_age_s: float,
@@ -308,18 +356,39 @@ _tables_of: dict[str, tuple[str, ...]] = {}
 _TABLES_OF_MAX = 10_000
 
 
-def _entry_and_versions(entry_key: str) -> tuple[_Entry | None, dict[str, str]]:
-    """The entry under `entry_key` and the current versions of the tables it read."""
-    tables = _tables_of.get(entry_key, ())
-    version_keys = {_VERSION_PREFIX + table: table for table in tables}
-    found = cache.get_many([entry_key, *version_keys])
-    entry = found.pop(entry_key, None)
+def _entry_and_versions(entry_key: str, along: list[str] | None = None) -> tuple[_Entry | None, dict[str, str]]:
+    """The entry under `entry_key` and the current versions of the tables it read; with `along`,
+    the entries under those keys and their tables' versions too, in the same round trip, kept
+    for this thread's next asking."""
+    fetched = getattr(_local, "fetched_along", None)
+    if fetched and entry_key in fetched:
+        entry, found = fetched.pop(entry_key)
+        if entry is None:
+            return None, {}
+        if set(entry.versions) == set(_tables_of.get(entry_key, ())):
+            return entry, _versions_found(entry.versions, found)
+    keys = [entry_key, *(along or ())]
+    version_keys = [_VERSION_PREFIX + table for key in keys for table in _tables_of.get(key, ())]
+    found = cache.get_many([*keys, *version_keys])
+    if along:
+        _local.fetched_along = {key: (found.get(key), found) for key in along}
+    entry = found.get(entry_key)
     if entry is None:
         return None, {}
-    if set(entry.versions) != set(tables):  # first sight in this process, or it reads other tables now
+    if set(entry.versions) != set(_tables_of.get(entry_key, ())):  # first sight here, or it reads other tables now
         _tables_of[entry_key] = tuple(entry.versions)
         return entry, versions(entry.versions)
-    return entry, {version_keys[key]: value for key, value in found.items()}
+    return entry, _versions_found(entry.versions, found)
+
+
+def _versions_found(tables: Iterable[str], found: dict[str, Any]) -> dict[str, str]:
+    return {table: found[_VERSION_PREFIX + table] for table in tables if _VERSION_PREFIX + table in found}
+
+
+def forget_fetched_along() -> None:
+    """Drop what `cached(along=...)` fetched for this thread and nobody asked for: a later request
+    must read the versions of its own time."""
+    _local.fetched_along = None
 
 
 def clear(**signal_kwargs) -> None:

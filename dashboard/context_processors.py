@@ -16,5 +16,5 @@ def badges(request) -> dict:
     pages without the navigation pay nothing, and anonymous visitors never query.
     """
     return {"badges": SimpleLazyObject(lambda: resize_requests.badge_counts(
-        getattr(request, "user", None), admin_counts={"firing": firing_count_query()}))}
+        getattr(request, "user", None), admin_counts={"firing": firing_count_query}))}
 

@@ -145,7 +145,7 @@ def in_state(tokens: QuerySet[ApiToken], state: str, now: datetime | None = None
     return tokens.filter(Q(expires_at__isnull=True) | Q(expires_at__gt=now), revoked_at__isnull=True)
 
 
-def find_by_key(key: str) -> ApiToken | None:
+def find_by_key(key: str, along: Iterable[str] = ()) -> ApiToken | None:
     """The token whose key is `key`, with its user, or None.
 
     Scripts send a request after another with one key, so the lookup goes through the read cache
@@ -153,21 +153,23 @@ def find_by_key(key: str) -> ApiToken | None:
     deactivation, a password change), so a revoked key fails on its next request. An expiry
     needs no write: `authenticate` compares it with the clock on every request. Misses are not
     kept, so keys tried at random cannot fill the cache; nor is the user's password hash.
+    `along`: read-cache keys the request asks for next, fetched in the same round trip.
     """
     digest = key_digest(key)
 
     def find() -> ApiToken | None:
         return ApiToken.objects.select_related("user").defer("user__password").filter(token_sha256=digest).first()
 
-    return read_cache.cached(f"api-token:{digest}", find, max_age_s=60, should_store=lambda token: token is not None)
+    return read_cache.cached(f"api-token:{digest}", find, max_age_s=60, should_store=lambda token: token is not None,
+                             along=along)
 
 
-def authenticate(key: str) -> ApiToken:
+def authenticate(key: str, along: Iterable[str] = ()) -> ApiToken:
     """The token of a presented key, stamped as used; KeyRefused when no token has that key
     ("Invalid token."), it is revoked or expired (saying when, and why it was revoked), or its
     user is inactive. The one check behind every `Token <key>`; its scope is the caller's to
-    apply (`fleet.token_rules.scope_refusal`)."""
-    token = find_by_key(key) if key else None
+    apply (`fleet.token_rules.scope_refusal`). `along`: as for `find_by_key`."""
+    token = find_by_key(key, along) if key else None
     if token is None:
         raise KeyRefused("Invalid token.")
     refusal = token.refusal()

@@ -351,3 +351,97 @@ def test_a_migration_is_not_failed_by_an_unreachable_cache(monkeypatch, caplog):
     monkeypatch.setattr(caches["default"], "clear", refuse)
     read_cache.clear_after_migrate(sender=None)
     assert "read cache not emptied after migrate (ConnectionError)" in caplog.text
+
+
+def test_a_write_not_committed_yet_elsewhere_leaves_the_page_served_until_its_commit(admin_api):
+    """Another process's transaction wrote the hosts table and has not committed: for every other
+    reader the rows are still those of the kept page, so it is served, not computed from the same
+    rows again (and again at the commit); the commit's version makes the next read compute it."""
+    HostFactory(name="gpu-01")
+    host_names(admin_api)
+    table = Host._meta.db_table
+    cache.set(read_cache._VERSION_PREFIX + table, read_cache._UNCOMMITTED + "of-another-process", timeout=None)
+    assert queries_of(admin_api, HOSTS) == 0
+    read_cache.bump([table])  # its commit
+    assert queries_of(admin_api, HOSTS) > 0
+
+
+def test_of_the_requests_awaiting_a_result_that_came_stale_one_computes_it_again():
+    """The request they waited for stored a result made stale by a write during its computation:
+    one waiting request computes it (holding the right to), not each of them at once."""
+    HostFactory(name="gpu-01")
+    table = Host._meta.db_table
+    lock = read_cache._ENTRY_PREFIX + "names:refreshing"
+    assert cache.add(lock, 1)
+
+    def other_request():  # stores what it read before a write, and gives up the right to compute
+        time.sleep(0.1)
+        cache.set(read_cache._ENTRY_PREFIX + "names", read_cache._Entry(["stale"], {table: "before the write"},
+                                                                        time.time()))
+        cache.delete(lock)
+
+    held_while_computing = []
+
+    def compute():
+        held_while_computing.append(cache.get(lock) is not None)
+        return list(Host.objects.values_list("name", flat=True))
+
+    other = threading.Thread(target=other_request)
+    other.start()
+    names = read_cache.cached("names", compute, max_age_s=60)
+    other.join()
+    assert names == ["gpu-01"]
+    assert held_while_computing == [True]
+    assert cache.get(lock) is None  # given up once computed
+
+
+@pytest.mark.parametrize("accept", ["application/json", "application/json; indent=4"])
+def test_a_kept_page_is_the_json_the_client_asked_for(admin_api, accept):
+    HostFactory(name="gpu-01")
+    first = admin_api.get(HOSTS, HTTP_ACCEPT=accept)
+    again = admin_api.get(HOSTS, HTTP_ACCEPT=accept)
+    assert again.content == first.content
+    assert again["Content-Type"] == first["Content-Type"] == "application/json"
+    assert again.json()["results"][0]["name"] == "gpu-01"
+    assert (b'\n    "count"' in again.content) == ("indent" in accept)
+
+
+def test_a_token_of_an_artist_never_gets_the_page_kept_for_an_admin_token(admin_user, artist):
+    from rest_framework.test import APIClient
+
+    from fleet.api_tokens import issue_token
+
+    HostFactory(name="gpu-01")
+    admin, ana = APIClient(), APIClient()
+    admin.credentials(HTTP_AUTHORIZATION=f"Token {issue_token(admin_user, 'script')[1]}")
+    ana.credentials(HTTP_AUTHORIZATION=f"Token {issue_token(artist.user, 'script')[1]}")
+    assert host_names(admin) == ["gpu-01"]
+    assert host_names(ana) == []
+    assert host_names(admin) == ["gpu-01"]
+    HostFactory(name="gpu-02")  # seen at the next request of each
+    assert host_names(admin) == ["gpu-01", "gpu-02"]
+    assert host_names(ana) == []
+
+
+def test_a_script_polling_a_list_costs_one_cache_round_trip_a_request(admin_user, artist, monkeypatch):
+    """The token and the page it asked for last time are fetched together; the page is taken only
+    if the token is still its user's, in the same role (a demoted admin gets their own list)."""
+    from rest_framework.test import APIClient
+
+    from fleet.api_tokens import issue_token
+
+    HostFactory(name="gpu-01")
+    script = APIClient()
+    script.credentials(HTTP_AUTHORIZATION=f"Token {issue_token(admin_user, 'script')[1]}")
+    assert host_names(script) == ["gpu-01"]
+    assert host_names(script) == ["gpu-01"]
+    round_trips = []
+    backend = type(caches["default"])
+    get_many = backend.get_many
+    monkeypatch.setattr(backend, "get_many",
+                        lambda self, keys, **kwargs: round_trips.append(keys) or get_many(self, keys, **kwargs))
+    assert queries_of(script, HOSTS) == 0
+    assert len(round_trips) == 1
+    admin_user.is_staff = admin_user.is_superuser = False
+    admin_user.save()
+    assert host_names(script) == []

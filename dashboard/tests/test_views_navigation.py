@@ -102,3 +102,36 @@ def test_a_visitor_who_is_not_signed_in_gets_no_menu():
     html = header(Client(), "/login/")
     assert "<nav" not in html
     assert "Menu" not in html
+
+
+@pytest.mark.django_db
+def test_the_menu_kept_for_one_page_and_role_follows_the_page_the_role_and_the_counts(fleet_world, admin_user):
+    """The rendered menu is kept per process (dashboard/templatetags/menu.py): the next page, the
+    next role and the next count must each get their own, never the one rendered before."""
+    admin = signed_in(admin_user)
+    assert current(header(admin, "/hosts/")) == ["Fleet", "Hosts"]
+    assert current(header(admin, "/hosts/")) == ["Fleet", "Hosts"]  # the kept one
+    assert current(header(admin, "/gpus/")) == ["Fleet", "GPUs"]
+    # An artist on a page an admin saw a moment ago gets the artist's menu.
+    artist = signed_in(fleet_world.ana.user)
+    assert groups(header(admin, f"/vms/{fleet_world.vm_a.pk}/")) == GROUPS
+    assert groups(header(artist, f"/vms/{fleet_world.vm_a.pk}/")) == {}
+    # A request filed now is counted on the admin's next page, the same page as before.
+    assert 'data-badge="requests"' not in header(admin, "/hosts/")
+    service.file_request(fleet_world.vm_a, fleet_world.ana.user, profile("RTX6000-24Q"), 1, "bigger scenes")
+    assert re.search(r'data-badge="requests">1<', header(admin, "/hosts/"))
+
+
+@pytest.mark.django_db
+def test_each_user_gets_their_own_unread_count(fleet_world, admin_user):
+    """The badge query is compiled once per process and run with each user's id."""
+    from fleet.models import Notification
+    from fleet.tests.factories import UserFactory
+
+    other_admin = UserFactory(username="ops", is_staff=True)
+    Notification.objects.create(user=admin_user, message="one")
+    Notification.objects.create(user=admin_user, message="two")
+    assert re.search(r'data-badge="notifications">2<', header(signed_in(admin_user), "/hosts/"))
+    assert 'data-badge="notifications"' not in header(signed_in(other_admin), "/hosts/")
+    Notification.objects.create(user=fleet_world.ana.user, message="for ana")
+    assert re.search(r'data-badge="notifications">1<', header(signed_in(fleet_world.ana.user), "/me/"))

@@ -217,7 +217,9 @@ def test_a_finished_plan_stops_polling_and_shows_the_diff(staff, admin_user, que
 def test_apply_is_disabled_with_the_reason_once_the_fleet_changed(staff, admin_user, queued):
     world = fragmented_fleet()
     run = finished(admin_user)
-    services.place_vgpu(VirtualMachineFactory(), GpuFactory(host=world.host), profile("RTX6000-24Q"))
+    # A bus id of its own: the sequence of GpuFactory comes round to the world's 3B after 250 GPUs.
+    services.place_vgpu(VirtualMachineFactory(), GpuFactory(host=world.host, pci_bus_id="00000000:AF:00.0"),
+                        profile("RTX6000-24Q"))
 
     page = staff.get(run_url(run)).content.decode()
 
@@ -295,7 +297,9 @@ def test_apply_moves_the_vms_and_says_so(staff, admin_user, queued):
 def test_apply_refused_by_a_changed_fleet_says_why(staff, admin_user, queued):
     world = fragmented_fleet()
     run = finished(admin_user)
-    services.place_vgpu(VirtualMachineFactory(), GpuFactory(host=world.host), profile("RTX6000-24Q"))
+    # A bus id of its own: the sequence of GpuFactory comes round to the world's 3B after 250 GPUs.
+    services.place_vgpu(VirtualMachineFactory(), GpuFactory(host=world.host, pci_bus_id="00000000:AF:00.0"),
+                        profile("RTX6000-24Q"))
     before = placements()
     response = staff.post(apply_url(run), confirmed(run))
     assert flash(response) == [f"Not applied: {optimizer_runs.FLEET_CHANGED}"]

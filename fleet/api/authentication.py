@@ -15,11 +15,21 @@ takes pushed samples says so with `api_token_ingest = True`.
 
 from __future__ import annotations
 
+import threading
+
 from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from rest_framework import exceptions
 from rest_framework.authentication import TokenAuthentication
 
+from config.roles import is_fleet_admin
 from fleet import api_tokens, token_rules
+
+#: Whose each key was at its last request here (digest -> user id, admin or not): the list page
+#: a script asks for is then fetched from the read cache with its token, in one round trip. Only
+#: a guess: the page is taken only if the token found is still that user's, in that role.
+_user_of_key: dict[str, tuple[int, bool]] = {}
+_USERS_KEPT = 10_000
+_lock = threading.Lock()
 
 
 class ApiTokenAuthentication(TokenAuthentication):
@@ -29,6 +39,7 @@ class ApiTokenAuthentication(TokenAuthentication):
     keyword = "Token"
 
     def authenticate(self, request):
+        self.request = request  # an instance per request (APIView.get_authenticators)
         found = super().authenticate(request)
         if found is None:
             return None
@@ -41,11 +52,28 @@ class ApiTokenAuthentication(TokenAuthentication):
         return found
 
     def authenticate_credentials(self, key: str):
+        digest = api_tokens.key_digest(key)
         try:
-            token = api_tokens.authenticate(key)
+            token = api_tokens.authenticate(key, along=self._page_along(digest))
         except api_tokens.KeyRefused as refused:
             raise exceptions.AuthenticationFailed(str(refused)) from None
+        user_of = (token.user.pk, is_fleet_admin(token.user))
+        if _user_of_key.get(digest) != user_of:
+            with _lock:
+                if len(_user_of_key) >= _USERS_KEPT:
+                    _user_of_key.clear()
+                _user_of_key[digest] = user_of
         return token.user, token
+
+    def _page_along(self, digest: str) -> tuple[str, ...]:
+        """The read-cache key of the list page this request asks for, if its key was seen before."""
+        request = getattr(self, "request", None)
+        view = (getattr(request, "parser_context", None) or {}).get("view")
+        user_of = _user_of_key.get(digest)
+        if user_of is None or not hasattr(view, "list_cache_key"):
+            return ()
+        key = view.list_cache_key(request, *user_of)
+        return (key,) if key else ()
 
 
 class ApiTokenScheme(OpenApiAuthenticationExtension):
