@@ -101,7 +101,7 @@ from collections import defaultdict
 from collections.abc import Collection, Iterable
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
-from functools import cached_property, lru_cache
+from functools import lru_cache
 from operator import attrgetter
 
 import orjson
@@ -117,7 +117,7 @@ from fleet.choices import AuditSource, GpuMode
 from fleet.locks import lock_rows
 from fleet.models import Gpu, GpuModel, Host, Vgpu, VirtualMachine
 from fleet.pci import canonical_pci_bus_id
-from telemetry import inventory_cache, state_digest
+from telemetry import inventory_cache
 from telemetry.models import (
     Agent,
     Drift,
@@ -125,7 +125,6 @@ from telemetry.models import (
     GpuHealthState,
     GpuSample,
     HostDriverState,
-    StateRow,
     VgpuHealthState,
     VgpuSample,
     XidError,
@@ -416,7 +415,6 @@ class _Batch:
         self.vgpu_health_gpus: set[int] = set()
         self.drivers: dict[int, DriverInfo] = {}
         self.state_readings: dict[_StateTable, dict[tuple, tuple]] = {}  # what `_state_changes` compared
-        self.state_digests: dict[_StateTable, dict[tuple, int]] = {}  # their digests (telemetry.state_digest)
         self.xids: set[tuple[int, int, datetime]] = set()
         self.last_xids: dict[int, tuple[int, datetime]] = {}  # GPU pk -> a source's last XID code, when seen
         self.events: list = []  # audit events of the inventory rows discovery created or changed
@@ -1004,8 +1002,6 @@ class _Batch:
             _DRIVER_STATE: {(host_id,): (host_id, *driver_values(driver)) for host_id, driver in self.drivers.items()},
         }
         self.state_readings = readings
-        self.state_digests = {table: {key: table.digest(row[len(table.keys):]) for key, row in readings[table].items()}
-                              for table in readings if table.digest is not None}
         # The vGPU rows of a GPU whose report lists its vGPUs (with health) are those running now:
         # a row of one of those GPUs that the readings do not name is gone.
         scopes = {_VGPU_STATE: self.vgpu_health_gpus}
@@ -1013,8 +1009,7 @@ class _Batch:
         changes = {table: (set(), set()) for table in readings}
         if connection.vendor == "postgresql":
             if wanted:
-                changes.update(_state_changes_pg([(table, self.state_digests.get(table) or readings[table],
-                                                   scopes.get(table)) for table in wanted]))
+                changes.update(_state_changes_pg([(table, readings[table], scopes.get(table)) for table in wanted]))
         else:
             changes.update({table: _state_changes(table, readings[table], scopes.get(table)) for table in wanted})
         return changes
@@ -1061,12 +1056,11 @@ class _Batch:
                 rows = []
                 for key in sorted(changed):
                     row = self.state_readings[table][key]
-                    rows.append(table.model(changed_at=self.now, reading_digest=self.state_digests[table][key],
-                                            **dict(zip(table.keys, key, strict=True)),
+                    rows.append(table.model(changed_at=self.now, **dict(zip(table.keys, key, strict=True)),
                                             **_state_fields(table.fields, row[len(table.keys):])))
                 table.model.objects.bulk_create(
                     rows, update_conflicts=True, unique_fields=[k.removesuffix("_id") for k in table.keys],
-                    update_fields=[*table.fields, "changed_at", "reading_digest"])
+                    update_fields=[*table.fields, "changed_at"])
         if self.last_xids:
             # A source that shows only the last XID code (dcgm-exporter): an event only when the
             # code differs from the GPU's newest stored one, so a held value is stored once.
@@ -1202,15 +1196,6 @@ class _StateTable:
     fields: tuple[str, ...]
     upsert: bool = True
 
-    @cached_property
-    def digest(self) -> state_digest.Digest | None:
-        """The digest of a reading (its fields, in order), where the table keeps one (`StateRow`)."""
-        if not issubclass(self.model, StateRow):
-            return None
-        if set(self.fields) != set(state_digest.reading_names(self.model, self.keys)):
-            raise ImproperlyConfigured(f"{self.model.__name__}'s reading is {self.fields}, not its columns'")
-        return state_digest.for_model(self.model, self.keys, self.fields)
-
 
 _SCHEDULER_STATE = _StateTable(Gpu, ("id",), ("scheduler_reported",), upsert=False)
 _GPU_STATE = _StateTable(GpuHealthState, ("gpu_id",), GPU_HEALTH_FIELDS)
@@ -1260,15 +1245,10 @@ def _state_changes_pg(tables: list[tuple[_StateTable, dict[tuple, tuple], Collec
     """
     parts, params = [], []
     for n, (table, readings, scope) in enumerate(tables):
-        if table.digest is not None:  # readings: key -> digest
-            parts.append(_state_digest_sql(table, n, scope is not None))
-            columns = list(zip(*((*key, digest) for key, digest in readings.items()), strict=True))
-            params.extend(_bigint_array(column) for column in columns or [()] * (len(table.keys) + 1))
-        else:
-            parts.append(_state_compare_sql(table, n, scope is not None))
-            params.append(orjson.dumps(list(readings.values())).decode())
+        parts.append(_state_compare_sql(table, n, scope is not None))
+        params.append(orjson.dumps(list(readings.values())).decode())
         if scope is not None:
-            params.append(_bigint_array(sorted(scope)))
+            params.append(sorted(scope))
     changes: dict[_StateTable, tuple[set[tuple], set[int]]] = {table: (set(), set()) for table, _, _ in tables}
     with connection.cursor() as cursor:
         # The parts' summed cost makes PostgreSQL plan the statement with parallel workers, whose
@@ -1324,33 +1304,6 @@ def _state_compare_sql(table: _StateTable, n: int, scoped: bool) -> str:
     # a row, rows without a reading (gone), and pairs that differ.
     return (f"SELECT {n}, CASE WHEN r.{first} IS NULL THEN s.id END, {keys} FROM {readings} "
             f"FULL JOIN (SELECT * FROM {model._meta.db_table} WHERE gpu_id = ANY(%s::bigint[])) AS s ON {on} "
-            f"WHERE r.{first} IS NULL OR s.id IS NULL OR {differs}")
-
-
-def _bigint_array(values: Iterable[int]) -> str:
-    """Integers as the text of a PostgreSQL array, for a `%s::bigint[]` parameter: a fifth of the
-    cost of the driver's adaptation of a list, value by value (thousands a batch)."""
-    return "{" + ",".join(map(str, values)) + "}"
-
-
-@lru_cache(maxsize=16)
-def _state_digest_sql(table: _StateTable, n: int, scoped: bool) -> str:
-    """`_state_compare_sql` for a table that keeps its readings' digests (`StateRow`): the readings
-    go as one array per key column and one of digests, and a row differs when its stored digest
-    does (a row stored without one differs too, and is written with it)."""
-    model_table = table.model._meta.db_table
-    columns = ", ".join([*table.keys, "digest"])
-    arrays = ", ".join(["%s::bigint[]"] * (len(table.keys) + 1))
-    readings = f"unnest({arrays}) AS r({columns})"
-    differs = "s.reading_digest IS DISTINCT FROM r.digest"
-    on = " AND ".join(f"s.{key} = r.{key}" for key in table.keys)
-    keys = ", ".join([*(f"r.{key}" for key in table.keys), *["NULL::bigint"] * (_STATE_KEY_WIDTH - len(table.keys))])
-    first = table.keys[0]
-    if not scoped:
-        return (f"SELECT {n}, NULL::bigint, {keys} FROM {readings} "
-                f"LEFT JOIN {model_table} AS s ON {on} WHERE s.{first} IS NULL OR {differs}")
-    return (f"SELECT {n}, CASE WHEN r.{first} IS NULL THEN s.id END, {keys} FROM {readings} "
-            f"FULL JOIN (SELECT * FROM {model_table} WHERE gpu_id = ANY(%s::bigint[])) AS s ON {on} "
             f"WHERE r.{first} IS NULL OR s.id IS NULL OR {differs}")
 
 

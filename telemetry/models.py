@@ -17,7 +17,6 @@ from django.db.models import Q
 from django.utils import timezone
 
 from fleet.models import Gpu, Host, Vgpu, VirtualMachine
-from telemetry import state_digest
 
 
 class AgentKind(models.TextChoices):
@@ -398,34 +397,8 @@ class Drift(models.Model):
 # A field NULL is "not told": `unsupported` names the fields the GPU or driver does not support.
 
 
-class StateRow(models.Model):
-    """A row of latest reading, with the digest of that reading (`telemetry.state_digest`), kept
-    right by every save; `KEYS` are the columns that name the row (not part of the reading)."""
-
-    KEYS: tuple[str, ...] = ()
-
-    reading_digest = models.BigIntegerField(null=True, editable=False)
-
-    class Meta:
-        abstract = True
-
-    def save(self, *args, **kwargs):
-        self.reading_digest = self.digest().of_row(self)
-        if kwargs.get("update_fields") is not None:
-            kwargs["update_fields"] = {*kwargs["update_fields"], "reading_digest"}
-        super().save(*args, **kwargs)
-
-    @classmethod
-    def digest(cls) -> state_digest.Digest:
-        if "_digest" not in cls.__dict__:
-            cls._digest = state_digest.for_model(cls, cls.KEYS)
-        return cls._digest
-
-
-class HostDriverState(StateRow):
+class HostDriverState(models.Model):
     """The NVIDIA software a host's agent reports: driver, vGPU manager, NVML, CUDA."""
-
-    KEYS = ("host_id",)
 
     host = models.OneToOneField(Host, primary_key=True, on_delete=models.CASCADE, related_name="driver_state")
     driver_version = models.CharField(max_length=40, null=True)
@@ -439,10 +412,8 @@ class HostDriverState(StateRow):
         return f"{self.host_id}: driver {self.driver_version or '?'}"
 
 
-class GpuHealthState(StateRow):
+class GpuHealthState(models.Model):
     """A physical GPU's latest health reading (telemetry.payload.GpuHealth, without its events)."""
-
-    KEYS = ("gpu_id",)
 
     gpu = models.OneToOneField(Gpu, primary_key=True, on_delete=models.CASCADE, related_name="health_state")
     ecc_mode = models.CharField("ECC mode", max_length=10, null=True)
@@ -471,14 +442,12 @@ class GpuHealthState(StateRow):
         return f"GPU {self.gpu_id} health"
 
 
-class VgpuHealthState(StateRow):
+class VgpuHealthState(models.Model):
     """One running vGPU's licence and guest, as NVML on its host reports them.
 
     Keyed like the samples, per VM and GPU; a row goes when the host's agent no longer reports
     that vGPU (the VM stopped or moved), so the rows are the vGPUs running now.
     """
-
-    KEYS = ("vm_id", "gpu_id")
 
     vm = models.ForeignKey(VirtualMachine, on_delete=models.CASCADE, related_name="vgpu_health")
     gpu = models.ForeignKey(Gpu, on_delete=models.CASCADE, related_name="vgpu_health")

@@ -4,7 +4,6 @@ once each, vGPU rows that go with their vGPU, and nothing outside the agent's sc
 from __future__ import annotations
 
 import dataclasses
-import importlib
 from datetime import UTC, datetime
 
 import pytest
@@ -336,60 +335,3 @@ def test_a_dcgm_scrape_keeps_the_vgpu_rows_it_cannot_see(world):
 
     assert VgpuHealthState.objects.get().vm == world.lighting  # dcgm-exporter lists no vGPUs: nothing gone
     assert GpuHealthState.objects.get(gpu=world.gpu).pcie_replay_counter == 0
-
-
-def test_each_stored_row_carries_the_digest_of_what_it_holds(world):
-    """What the collector compares on PostgreSQL: the digest stored beside a row. Read back
-    (times as times, JSON as lists), every row's values give the digest written with it, so the
-    ORM's saves and the upgrade's migration agree with the collector."""
-    sparse = _health(ecc_mode=None, ecc_corrected_volatile=2**62, throttle_reasons=None, fan_speed_pct=33.3,
-                     temp_slowdown_c=86.75, power_limit_w=None, unsupported=[])
-    vgpu = _vgpu_health(license_expiry=T0 + 0.123456, guest_driver_version='580.95 "beta"', frame_rate_limit=None)
-    store_reports([_report(world, T0, health=sparse, vgpu_health=vgpu)], received_at=T0)
-
-    rows = [*GpuHealthState.objects.all(), *VgpuHealthState.objects.all(), *HostDriverState.objects.all()]
-    assert len(rows) == 4
-    for row in rows:
-        assert row.reading_digest is not None
-        assert type(row).digest().of_row(row) == row.reading_digest
-
-
-def test_a_whole_number_from_an_agent_is_the_stored_float(world):
-    _store(_report(world, T0, health=_health(temp_slowdown_c=87.0, power_limit_w=-0.0)), T0)
-
-    again = _store(_report(world, T0 + 10, health=_health(temp_slowdown_c=87, power_limit_w=0)), T0 + 10)
-
-    assert _writes(again) == []
-    assert {s.changed_at for s in GpuHealthState.objects.all()} == {datetime.fromtimestamp(T0, tz=UTC)}
-
-
-def test_a_row_saved_through_the_orm_is_compared_by_what_it_holds(world):
-    """An admin's or a script's save keeps the digest right: the same reading after it is no change,
-    a different one is."""
-    _store(_report(world, T0), T0)
-    state = GpuHealthState.objects.get(gpu=world.gpu)
-    state.ecc_uncorrected_volatile = 5
-    state.save(update_fields=["ecc_uncorrected_volatile"])
-
-    same = _store(_report(world, T0 + 10, health=_health(ecc_uncorrected_volatile=5)), T0 + 10)
-    assert [sql for sql in _writes(same) if "telemetry_gpuhealthstate" in sql] != []  # the second GPU reads 5 now
-    assert GpuHealthState.objects.get(gpu=world.gpu).changed_at == datetime.fromtimestamp(T0, tz=UTC)
-    assert GpuHealthState.objects.get(gpu=world.gpu_2).changed_at == datetime.fromtimestamp(T0 + 10, tz=UTC)
-
-
-def test_rows_stored_before_digests_get_theirs_from_the_upgrade(world):
-    """The migration that added the digests computes them from the stored readings: after the
-    upgrade, an unchanged fleet still writes nothing and keeps its `changed_at`."""
-    from django.apps import apps
-
-    migration = importlib.import_module("telemetry.migrations.0012_state_reading_digest")
-    _store(_report(world, T0, vgpu_health=_vgpu_health(license_expiry=T0 + 0.5)), T0)
-    written = {row.pk: row.reading_digest for row in GpuHealthState.objects.all()}
-    for model in (GpuHealthState, VgpuHealthState, HostDriverState):
-        model.objects.update(reading_digest=None)
-
-    migration.digest_stored_rows(apps, None)
-
-    assert {row.pk: row.reading_digest for row in GpuHealthState.objects.all()} == written
-    assert _writes(_store(_report(world, T0 + 10, vgpu_health=_vgpu_health(license_expiry=T0 + 0.5)), T0 + 10)) == []
-    assert VgpuHealthState.objects.get().changed_at == datetime.fromtimestamp(T0, tz=UTC)
