@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import errno
+import functools
 import json
 import os
 import socket
@@ -42,6 +43,7 @@ from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 import aiohttp
+import yarl
 
 USER_AGENT = "vgpu-fleet-collector/1"
 # Bytes of an error response kept for the message (the agent's {"error": "..."}).
@@ -184,7 +186,10 @@ def _close(pid: int, loop: asyncio.AbstractEventLoop, session: aiohttp.ClientSes
     loop.close()
 
 
-def _origin(url: str) -> None:
+@functools.lru_cache(maxsize=100_000)
+def _target(url: str) -> yarl.URL:
+    """`url` parsed once (a worker polls the same agents' URLs every interval); FetchError if it is
+    not an http(s) URL with a host and a valid port."""
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise FetchError(f"URL {url!r} is not an http:// or https:// URL")
@@ -192,6 +197,7 @@ def _origin(url: str) -> None:
         parts.port  # noqa: B018 - validates the port
     except ValueError:
         raise FetchError(f"URL {url!r} has an invalid port") from None
+    return yarl.URL(url)
 
 
 def _describe(exc: BaseException, url: str, timeout_s: float) -> str:
@@ -232,7 +238,7 @@ async def fetch(
     """GET `url` with the bearer `token`; return the body if the answer is 200 and at most
     `max_bytes` long, all within `timeout_s`. Raises FetchError with a readable message otherwise.
     """
-    _origin(url)
+    target = _target(url)
     deadline = asyncio.get_running_loop().time() + timeout_s
     headers = {
         "Authorization": f"Bearer {token}",
@@ -240,73 +246,73 @@ async def fetch(
         "Accept-Encoding": "identity",
         "User-Agent": USER_AGENT,
     }
-    attempt = 0
-    while True:
-        attempt += 1
-        sent_at = time.time()
-        reused = False
-        try:
-            async with asyncio.timeout_at(deadline):
-                try:
-                    response = await session.get(url, headers=headers, allow_redirects=False)
-                finally:
-                    reused = _reused.get()
-                    _reused.set(False)
-        except TimeoutError:
-            raise FetchError(_describe(TimeoutError(), url, timeout_s)) from None
-        except (aiohttp.ClientError, OSError) as exc:
-            # A kept-alive connection the agent closed while idle: one retry on a new one.
-            if reused and attempt == 1 and _closed_by_agent(exc) and asyncio.get_running_loop().time() < deadline:
-                continue
-            raise FetchError(_describe(exc, url, timeout_s)) from None
-        break
     try:
-        body = await _read_body(response, url, deadline, timeout_s, max_bytes)
-    except BaseException:
-        response.close()  # hangs up: a body not read to its end leaves nothing to reuse
-        raise
-    response.release()  # the connection goes back to the pool (unless the agent said close)
-    return Fetched(body=body, sent_at=sent_at, received_at=time.time(), reused_connection=reused)
-
-
-async def _read_body(response: aiohttp.ClientResponse, url: str, deadline: float, timeout_s: float,
-                     max_bytes: int) -> bytes:
-    """Read the body within the deadline and the cap; FetchError on a non-200 or oversize answer."""
+        async with asyncio.timeout_at(deadline):  # one timer for the request, the retry and the body
+            response, sent_at, reused = await _request(session, target, headers)
+            if response.status == 200:
+                try:
+                    body = await _read_body(response, url, max_bytes)
+                except BaseException:
+                    response.close()  # hangs up: a body not read to its end leaves nothing to reuse
+                    raise
+    except TimeoutError:
+        raise FetchError(_describe(TimeoutError(), url, timeout_s)) from None
+    except (aiohttp.ClientError, OSError) as exc:
+        raise FetchError(_describe(exc, url, timeout_s)) from None
     if response.status != 200:
         detail = await _error_detail(response, deadline)
         hint = ""
         if response.status == 401:
             hint = " (the agent refused our bearer token: write the agent's current token to its token file)"
         raise FetchError(f"HTTP {response.status} {response.reason} from {url}{hint}{detail}")
+    response.release()  # the connection goes back to the pool (unless the agent said close)
+    return Fetched(body=body, sent_at=sent_at, received_at=time.time(), reused_connection=reused)
+
+
+async def _request(session: aiohttp.ClientSession, target: yarl.URL,
+                   headers: dict[str, str]) -> tuple[aiohttp.ClientResponse, float, bool]:
+    """(the response, its headers read; when it was sent; whether on a kept-alive connection)."""
+    attempt = 0
+    while True:
+        attempt += 1
+        sent_at = time.time()
+        _reused.set(False)
+        try:
+            response = await session.get(target, headers=headers, allow_redirects=False)
+        except (aiohttp.ClientError, OSError) as exc:
+            # A kept-alive connection the agent closed while idle: one retry on a new one.
+            if _reused.get() and attempt == 1 and _closed_by_agent(exc):
+                continue
+            raise
+        return response, sent_at, _reused.get()
+
+
+async def _read_body(response: aiohttp.ClientResponse, url: str, max_bytes: int) -> bytes:
+    """The body of a 200 answer, within the cap; FetchError for an oversize one."""
     length = response.content_length
     if length is not None and length > max_bytes:
         raise FetchError(
             f"response of {length} bytes from {url} exceeds the limit of {max_bytes} bytes "
             f"(TELEMETRY_MAX_RESPONSE_BYTES)"
         )
-    try:
-        async with asyncio.timeout_at(deadline):
-            if length is not None:  # the parser stops at the declared length, within the cap
-                return await response.read()
-            chunks: list[bytes] = []
-            size = 0
-            while chunk := await response.content.readany():
-                chunks.append(chunk)
-                size += len(chunk)
-                if size > max_bytes:
-                    raise FetchError(
-                        f"response from {url} exceeds the limit of {max_bytes} bytes "
-                        f"(TELEMETRY_MAX_RESPONSE_BYTES); stopped reading"
-                    )
-            return b"".join(chunks)
-    except TimeoutError:
-        raise FetchError(_describe(TimeoutError(), url, timeout_s)) from None
-    except (aiohttp.ClientError, OSError) as exc:
-        raise FetchError(_describe(exc, url, timeout_s)) from None
+    if length is not None:  # the parser stops at the declared length, within the cap
+        return await response.read()
+    chunks: list[bytes] = []
+    size = 0
+    while chunk := await response.content.readany():
+        chunks.append(chunk)
+        size += len(chunk)
+        if size > max_bytes:
+            raise FetchError(
+                f"response from {url} exceeds the limit of {max_bytes} bytes "
+                f"(TELEMETRY_MAX_RESPONSE_BYTES); stopped reading"
+            )
+    return b"".join(chunks)
 
 
 async def _error_detail(response: aiohttp.ClientResponse, deadline: float) -> str:
-    """': <the agent's error message>' from an error body, or '' if there is none readable in time."""
+    """': <the agent's error message>' from an error body, or '' if there is none readable in time.
+    Closes the response (a connection that answered an error is not reused)."""
     raw = b""
     try:
         async with asyncio.timeout_at(deadline):
@@ -316,8 +322,9 @@ async def _error_detail(response: aiohttp.ClientResponse, deadline: float) -> st
                     break
                 raw += chunk
     except (TimeoutError, aiohttp.ClientError, OSError):
-        if not raw:
-            return ""
+        pass
+    finally:
+        response.close()
     text = raw.decode("utf-8", "replace").strip()
     if text.startswith("{"):
         try:
