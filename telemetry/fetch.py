@@ -26,6 +26,7 @@ here (aiohttp's own retry, which also retries a fresh connection, is off).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import errno
 import functools
@@ -131,7 +132,18 @@ class ConnectionPool:
             self._loop = asyncio.new_event_loop()
             self._session = self._loop.run_until_complete(_new_session())
             self._finalizer = weakref.finalize(self, _close, self.pid, self._loop, self._session)
-        return self._loop.run_until_complete(coroutine)
+        task = self._loop.create_task(coroutine)
+        try:
+            return self._loop.run_until_complete(task)
+        except BaseException:
+            # Interrupted from outside the loop (the task's soft time limit, a signal): the
+            # batch's requests are cancelled now, so they hang up and none resumes in a later run.
+            if not task.done():
+                task.cancel()
+                with contextlib.suppress(BaseException):
+                    self._loop.run_until_complete(task)
+                    self._loop.run_until_complete(asyncio.sleep(0))  # the closed sockets' callbacks
+            raise
 
     def close(self) -> None:
         """Close the connections and the loop (a pool used after this opens new ones)."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import signal
 import threading
 import time
 from datetime import timedelta
@@ -296,6 +297,33 @@ def test_an_https_agent_is_polled_when_its_certificate_is_trusted_and_refused_wh
     assert "certificate verify failed" in untrusted.errors["tls"]
     assert (trusted.ok, trusted.errors) == (1, {})
     assert samples_of(host) == (1, 1)
+
+
+class _TimeLimit(Exception):
+    """What a task's soft time limit raises in the worker's main thread (Celery's SoftTimeLimitExceeded)."""
+
+
+def test_a_batch_cut_short_by_the_tasks_time_limit_hangs_up_and_the_next_batch_polls_as_usual():
+    pool = ConnectionPool()
+
+    def time_limit(signum, frame):
+        raise _TimeLimit
+
+    previous = signal.signal(signal.SIGALRM, time_limit)
+    try:
+        with served_agent("after") as (agent, server), FakeAgent("slow", payload={}, delay_s=120.0) as slow:
+            hanging = polled_agent("hanging", slow.url, timeout_s=60.0)
+            signal.setitimer(signal.ITIMER_REAL, 0.5)
+            with pytest.raises(_TimeLimit):
+                collect.poll_batch([hanging.pk], pool=pool)
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            result = collect.poll_batch([agent.pk], pool=pool)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+    assert (result.ok, result.errors) == (1, {})
+    # The fake agent saw the collector hang up (its call ended) long before the request's timeout.
+    assert len(slow.calls) == 1, "the interrupted request was abandoned, not cancelled"
 
 
 def test_reading_stops_at_the_size_cap(settings):
