@@ -156,10 +156,17 @@ _pools: dict[tuple[int, int], ConnectionPool] = {}
 _pools_lock = threading.Lock()
 
 
+@functools.cache
+def tls_context() -> ssl.SSLContext:
+    """TLS for https:// agents: verified against the system's CA store (SSL_CERT_FILE or
+    SSL_CERT_DIR name another), as ssl.create_default_context() gives. Made once a process:
+    loading the store takes ~35 ms."""
+    return ssl.create_default_context()
+
+
 async def _new_session() -> aiohttp.ClientSession:
     connector = _Connector(
-        # Verified TLS against the system's CA store, as ssl.create_default_context() gives.
-        ssl=ssl.create_default_context(),
+        ssl=tls_context(),
         # Concurrency is bounded by the batch (TELEMETRY_POLL_CONCURRENCY), not here.
         limit=0,
         # Idle connections are kept until the agent closes them (after 120 s idle), whatever the

@@ -17,7 +17,7 @@ from django.utils import timezone
 
 from fleet.models import Gpu, VirtualMachine
 from telemetry import collect
-from telemetry.fetch import ConnectionPool
+from telemetry.fetch import ConnectionPool, tls_context
 from telemetry.models import Agent, AgentKind, AgentStatus, GpuSample, VgpuSample
 from telemetry.tests.loopback import (
     FakeAgent,
@@ -292,7 +292,11 @@ def test_an_https_agent_is_polled_when_its_certificate_is_trusted_and_refused_wh
         agent = polled_agent("tls", agent_tls.url, host=host)
         untrusted = collect.poll_batch([agent.pk], pool=ConnectionPool())
         monkeypatch.setenv("SSL_CERT_FILE", str(ca))  # the studio's CA in the system's store
-        trusted = collect.poll_batch([agent.pk], pool=ConnectionPool())
+        tls_context.cache_clear()  # as a worker started with it would load it
+        try:
+            trusted = collect.poll_batch([agent.pk], pool=ConnectionPool())
+        finally:
+            tls_context.cache_clear()
     assert untrusted.errors["tls"].startswith(f"TLS error talking to {agent_tls.url}/v1/metrics: ")
     assert "certificate verify failed" in untrusted.errors["tls"]
     assert (trusted.ok, trusted.errors) == (1, {})
