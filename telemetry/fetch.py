@@ -111,11 +111,10 @@ class ConnectionPool:
         loop, whose selector the child shares.
         """
         key = (os.getpid(), threading.get_ident())
-        with _pools_lock:
-            pool = _pools.get(key)
-            if pool is None:
-                pool = _pools[key] = cls()
-            return pool
+        pool = _pools.get(key)
+        if pool is None:  # only this thread writes this key: no lock (none to inherit held at a fork)
+            pool = _pools[key] = cls()
+        return pool
 
     @property
     def session(self) -> aiohttp.ClientSession:
@@ -141,8 +140,8 @@ class ConnectionPool:
             if not task.done():
                 task.cancel()
                 with contextlib.suppress(BaseException):
-                    self._loop.run_until_complete(task)
-                    self._loop.run_until_complete(asyncio.sleep(0))  # the closed sockets' callbacks
+                    self._loop.run_until_complete(task)  # raises CancelledError once cancelled
+                self._loop.run_until_complete(asyncio.sleep(0))  # the closed sockets' callbacks
             raise
 
     def close(self) -> None:
@@ -152,8 +151,9 @@ class ConnectionPool:
         self._loop = self._session = self._finalizer = None
 
 
+#: Pools by (process id, thread id). A thread that ends leaves its pool idle here; a later thread
+#: given the same id takes it over (a loop may run in any thread, one at a time).
 _pools: dict[tuple[int, int], ConnectionPool] = {}
-_pools_lock = threading.Lock()
 
 
 @functools.cache
@@ -179,8 +179,8 @@ async def _new_session() -> aiohttp.ClientSession:
         connector=connector,
         # Each fetch has its own deadline (asyncio.timeout_at); none of aiohttp's.
         timeout=aiohttp.ClientTimeout(total=None),
-        # The body is read as sent: the size cap applies to what crosses the network, and no
-        # agent compresses (nor did the collector ever ask it to).
+        # The body is read as sent (the request asks for identity, as http.client's did): the size
+        # cap applies to what crosses the network; our agent never compresses.
         auto_decompress=False,
         # Neither proxies nor .netrc from the environment: agents are on the studio's network.
         trust_env=False,
