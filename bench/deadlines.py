@@ -3,7 +3,7 @@
     python bench/deadlines.py [--agents 50] [--slow 5] [--timeout 0.5] [--rounds 5]
 
 What it measures, on loopback, through `telemetry.collect.fetch_all` (the concurrent fetch of a
-batch: thread pool, keep-alive pool, per-agent deadlines watched by the calling thread):
+batch on one event loop: aiohttp's keep-alive connections, a total deadline per agent):
 - a batch of `--agents` agents answering at once, `--slow` of which hold their answer far past
   their `--timeout`: the batch's wall time, against the timeout (what concurrent polling should
   cost) and against the sum of the slow agents' timeouts (what polling one after the other

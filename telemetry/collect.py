@@ -8,11 +8,12 @@ The flow (DESIGN.md, "Data flow" 2; tasks in `telemetry.tasks`):
    (a second beat process, a manual run) each get only the agents their own UPDATE changed,
    so no agent is polled twice in one interval (healthchecks' `sendalerts` does the same).
 2. `shard` cuts the claimed ids into batches of TELEMETRY_BATCH_SIZE; one `poll_batch` task each.
-3. `poll_batch` fetches its agents concurrently (threads: each fetch spends its time waiting
-   on a socket), each within its own `timeout_s` and under TELEMETRY_MAX_RESPONSE_BYTES,
-   parses each body on the fetching thread, then stores every good report with ONE
-   `store_reports` call (one transaction). A failure belongs to its agent alone: its
-   `last_error` says what went wrong, the others' samples are stored all the same.
+3. `poll_batch` fetches its agents concurrently on one asyncio event loop in the calling
+   thread (`telemetry.fetch`: aiohttp, keep-alive connections kept for the worker's life),
+   each within its own `timeout_s` and under TELEMETRY_MAX_RESPONSE_BYTES, parses each body
+   as it arrives, then stores every good report with ONE `store_reports` call (one
+   transaction). A failure belongs to its agent alone: its `last_error` says what went wrong,
+   the others' samples are stored all the same.
 
 Nothing here retries a failed poll: the next beat polls the agent again, and a sample is a
 reading of an instant that a late retry could not take anyway. Only the store is retried,
@@ -22,23 +23,22 @@ backoff, because the readings in hand would otherwise be lost.
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import logging
-import os
 import random
-import threading
 import time
 from collections.abc import Iterable, Sequence
-from concurrent.futures import ALL_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
+import aiohttp
 from django.conf import settings
 from django.db import OperationalError, close_old_connections, connection, transaction
 from django.db.models import Case, F, FloatField, Q, Value, When
 from django.utils import timezone
 
-from telemetry.fetch import POOL, ConnectionPool, Deadlines, FetchError, fetch
+from telemetry.fetch import ConnectionPool, FetchError, fetch
 from telemetry.ingest import IngestStats, store_reports
 from telemetry.models import Agent, AgentKind
 from telemetry.payload import PayloadError, Report, parse_agent_payload
@@ -133,13 +133,12 @@ def parse_body(agent: Agent, body: bytes, received_at: float) -> Report:
     return parse_agent_payload(body)
 
 
-def poll_one(agent: Agent, *, pool: ConnectionPool, deadlines: Deadlines, max_bytes: int) -> PollOutcome:
+async def poll_one(agent: Agent, *, session: aiohttp.ClientSession, max_bytes: int) -> PollOutcome:
     """Fetch and parse one agent's metrics; never raises for the agent's own faults."""
     outcome = PollOutcome(agent=agent, attempted_at=timezone.now())
     url = metrics_url(agent)
     try:
-        fetched = fetch(url, token=agent.token, timeout_s=agent.timeout_s, max_bytes=max_bytes, pool=pool,
-                        deadlines=deadlines, key=agent.pk)
+        fetched = await fetch(session, url, token=agent.token, timeout_s=agent.timeout_s, max_bytes=max_bytes)
         outcome.report = parse_body(agent, fetched.body, fetched.received_at)
     except FetchError as exc:
         outcome.error = str(exc)
@@ -158,47 +157,37 @@ def poll_one(agent: Agent, *, pool: ConnectionPool, deadlines: Deadlines, max_by
     return outcome
 
 
-def fetch_all(agents: Sequence[Agent], *, pool: ConnectionPool = POOL, max_bytes: int | None = None,
+def fetch_all(agents: Sequence[Agent], *, pool: ConnectionPool | None = None, max_bytes: int | None = None,
               concurrency: int | None = None) -> list[PollOutcome]:
     """Poll `agents` concurrently; one outcome per agent, in the order given.
 
-    The calling thread watches the deadlines: a request still running past its agent's
-    timeout has its socket shut down, so one agent trickling bytes cannot stretch the batch.
+    All of the batch runs on the event loop of `pool` (this process's, by default) in the
+    calling thread: each body is parsed as it arrives, between the other agents' reads. At most
+    `concurrency` (TELEMETRY_POLL_CONCURRENCY) requests are in flight; each ends at its agent's
+    timeout, so one agent trickling bytes cannot stretch the batch.
     """
     if not agents:
         return []
     max_bytes = max_bytes or settings.TELEMETRY_MAX_RESPONSE_BYTES
-    executor = _executor(max(1, concurrency or settings.TELEMETRY_POLL_CONCURRENCY))
-    deadlines = Deadlines()
-    futures: dict[Future, Agent] = {
-        executor.submit(poll_one, agent, pool=pool, deadlines=deadlines, max_bytes=max_bytes): agent
-        for agent in agents
-    }
-    pending = set(futures)
-    while pending:
-        # Wake at the next deadline of a running request (a queued one has none yet: look
-        # again in a quarter second), not at every completion: waiting on a set of futures
-        # costs in proportion to its size, and a batch completes its fetches one by one.
-        next_deadline = deadlines.expire(time.monotonic())
-        timeout = 0.25 if next_deadline is None else max(0.005, next_deadline - time.monotonic() + 0.005)
-        _, pending = wait(pending, timeout=min(timeout, 0.25), return_when=ALL_COMPLETED)
-    return [future.result() for future in futures]
+    limit = max(1, concurrency or settings.TELEMETRY_POLL_CONCURRENCY)
+    for agent in agents:
+        if agent.kind == AgentKind.DCGM_EXPORTER and agent.host_id:
+            agent.host  # noqa: B018 - loaded here: no query may run on the event loop (parse_body)
+    pool = pool or ConnectionPool.current()
+    return pool.run(_poll_all(agents, pool, max_bytes, limit))
 
 
-#: This process's fetch threads, by pool size: started once and kept between batches (starting
-#: 50 threads cost a batch ~25 ms). Keyed by process id too: a forked worker starts its own, as
-#: threads do not survive a fork.
-_executors: dict[tuple[int, int], ThreadPoolExecutor] = {}
-_executors_lock = threading.Lock()
+async def _poll_all(agents: Sequence[Agent], pool: ConnectionPool, max_bytes: int, limit: int) -> list[PollOutcome]:
+    session = pool.session
+    if limit >= len(agents):
+        return await asyncio.gather(*(poll_one(agent, session=session, max_bytes=max_bytes) for agent in agents))
+    semaphore = asyncio.Semaphore(limit)
 
+    async def bounded(agent: Agent) -> PollOutcome:
+        async with semaphore:
+            return await poll_one(agent, session=session, max_bytes=max_bytes)
 
-def _executor(workers: int) -> ThreadPoolExecutor:
-    key = (os.getpid(), workers)
-    with _executors_lock:
-        executor = _executors.get(key)
-        if executor is None:
-            executor = _executors[key] = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="poll")
-        return executor
+    return await asyncio.gather(*(bounded(agent) for agent in agents))
 
 
 def _store(pairs: list[tuple[Agent, Report]]) -> IngestStats:
@@ -350,7 +339,7 @@ def _raise_young_gc_threshold() -> None:
         gc.set_threshold(GC_YOUNG_THRESHOLD, middle, old)
 
 
-def poll_batch(agent_ids: Sequence[int], *, pool: ConnectionPool = POOL) -> BatchResult:
+def poll_batch(agent_ids: Sequence[int], *, pool: ConnectionPool | None = None) -> BatchResult:
     """Poll the given agents (those still enabled and polled), store their samples, record how
     each poll went. Safe to run twice: samples are unique per entity and instant."""
     _raise_young_gc_threshold()

@@ -5,8 +5,10 @@
   reports maps onto those rows.
 - `FakeAgent(behaviour)`: a stdlib `http.server` answering GET /v1/metrics the way a broken
   agent would: too slow, HTTP 500, invalid JSON, the wrong shape, an endless body, a clock
-  an hour off, one byte at a time. It records when each request arrived and when its handling
-  ended (`calls`, monotonic stamps), so a test can tell which requests were in flight together.
+  an hour off, one byte at a time, hanging up without an answer; or a body in chunks
+  (Transfer-Encoding: chunked); over TLS with `tls=(certificate file, key file)`. It records
+  when each request arrived and when its handling ended (`calls`, monotonic stamps), so a test
+  can tell which requests were in flight together.
 - `closed_port_url()`: a URL on which nothing listens (connection refused).
 - `inventory_host(...)`: a host with GPUs and placed vGPUs to poll.
 
@@ -21,6 +23,7 @@ import json
 import select
 import socket
 import socketserver
+import ssl
 import threading
 import time
 from collections.abc import Iterator
@@ -102,14 +105,20 @@ def sim_payload(host: Host, collected_at: float | None = None) -> dict:
 
 class FakeAgent(ThreadingHTTPServer):
     """A misbehaving agent. `behaviour`: slow, http500, invalid_json, wrong_shape, endless,
-    trickle, fixed (the given `payload`, e.g. with its clock off), text (a body given as `body`)."""
+    trickle, hangup (reads the request, closes the connection), hangup_kept_alive (answers a
+    connection's first request with `payload`, hangs up on its next: an idle connection the
+    agent closed just as the collector used it again), fixed (the given `payload`,
+    e.g. with its clock off), text (a body given as `body`), chunked (the given `payload` in
+    chunks of `chunk_bytes`)."""
 
     daemon_threads = True
     allow_reuse_address = True
 
     def __init__(self, behaviour: str, *, payload: dict | None = None, body: bytes = b"", delay_s: float = 0.0,
-                 content_type: str = "application/json"):
+                 content_type: str = "application/json", chunk_bytes: int = 1000,
+                 tls: tuple[str, str] | None = None):
         self.behaviour = behaviour
+        self.chunk_bytes = chunk_bytes
         self.payload = payload
         self.body = body
         self.delay_s = delay_s
@@ -121,6 +130,10 @@ class FakeAgent(ThreadingHTTPServer):
         self._in_flight = 0
         self._settled = threading.Condition()
         super().__init__(("127.0.0.1", 0), _FakeHandler)
+        if tls is not None:
+            context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            context.load_cert_chain(*tls)
+            self.socket = context.wrap_socket(self.socket, server_side=True)
 
     def server_bind(self):
         # No reverse-DNS lookup of 127.0.0.1 (HTTPServer.server_bind does one).
@@ -129,7 +142,8 @@ class FakeAgent(ThreadingHTTPServer):
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.server_address[1]}"
+        scheme = "https" if isinstance(self.socket, ssl.SSLSocket) else "http"
+        return f"{scheme}://127.0.0.1:{self.server_address[1]}"
 
     def handle_error(self, request, client_address):
         # The collector hanging up on a slow or endless answer is the point of these fakes.
@@ -197,6 +211,25 @@ class _FakeHandler(BaseHTTPRequestHandler):
             self._reply(200, json.dumps(server.payload).encode())
         elif behaviour == "text":
             self._reply(200, server.body)
+        elif behaviour == "chunked":
+            body = json.dumps(server.payload).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            for start in range(0, len(body), server.chunk_bytes):
+                chunk = body[start:start + server.chunk_bytes]
+                self.wfile.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+                server.bytes_sent += len(chunk)
+            self.wfile.write(b"0\r\n\r\n")
+        elif behaviour == "hangup":
+            self.close_connection = True  # the request read, the connection closed without a word
+        elif behaviour == "hangup_kept_alive":
+            if getattr(self, "answered", False):  # one handler per connection
+                self.close_connection = True
+            else:
+                self.answered = True
+                self._reply(200, json.dumps(server.payload).encode())
         elif behaviour == "endless":
             # No Content-Length: the body ends when the connection does, so only the reader's
             # cap stops it. Counts what it managed to send before the collector hung up.

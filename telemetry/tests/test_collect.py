@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import contextlib
+import json
+import os
+import signal
 import threading
 import time
 from datetime import timedelta
@@ -14,7 +17,7 @@ from django.utils import timezone
 
 from fleet.models import Gpu, VirtualMachine
 from telemetry import collect
-from telemetry.fetch import ConnectionPool
+from telemetry.fetch import ConnectionPool, tls_context
 from telemetry.models import Agent, AgentKind, AgentStatus, GpuSample, VgpuSample
 from telemetry.tests.loopback import (
     FakeAgent,
@@ -145,10 +148,11 @@ def test_a_batch_of_mixed_outcomes_records_each_agents_own_status(settings, djan
     assert down.last_attempt == attempted, "an agent polled without a claim gets the attempt's time"
 
 
-def test_polls_reuse_one_keep_alive_connection():
+@pytest.mark.parametrize("given", [True, False], ids=["a given pool", "the worker's own pool"])
+def test_polls_reuse_one_keep_alive_connection(given):
     host = inventory_host("keepalive", gpus=1, vgpus_per_gpu=1)
     agent = polled_agent("keepalive", "http://placeholder", host=host)
-    pool = ConnectionPool()
+    pool = ConnectionPool() if given else None
     with real_agent(host, agent.token) as server:
         Agent.objects.filter(pk=agent.pk).update(url=server.url)
         for _ in range(3):
@@ -175,6 +179,18 @@ def test_a_pooled_connection_the_agent_closed_is_replaced_transparently():
     assert (result.ok, result.errors) == (1, {})
 
 
+def test_a_kept_alive_connection_the_agent_closes_as_it_is_reused_is_retried_once_on_a_new_one():
+    host = inventory_host("closing", gpus=1, vgpus_per_gpu=1)
+    pool = ConnectionPool()
+    with FakeAgent("hangup_kept_alive", payload=sim_payload(host)) as closing:
+        agent = polled_agent("closing", closing.url, host=host)
+        first = collect.poll_batch([agent.pk], pool=pool)
+        closing.payload = sim_payload(host, collected_at=time.time() + 1)
+        second = collect.poll_batch([agent.pk], pool=pool)
+    assert (first.ok, second.ok, second.errors) == (1, 1, {})
+    assert closing.requests == 3, "answered, hung up on the kept-alive connection, answered on a new one"
+
+
 def test_an_agent_sending_one_byte_at_a_time_is_cut_off_at_its_timeout():
     agent = None
     with FakeAgent("trickle") as trickle:
@@ -185,6 +201,133 @@ def test_an_agent_sending_one_byte_at_a_time_is_cut_off_at_its_timeout():
     # The collector hung up while the agent was still trickling (it would send 100 bytes over
     # 10 s); how soon after the timeout is measured by bench/deadlines.py.
     assert trickle.bytes_sent < 100
+
+
+def test_one_hanging_agent_holds_only_its_own_slot_of_the_batch(settings):
+    # Two requests in flight at most: while the hanging agent holds one slot until its timeout,
+    # the others go through the other one after the other.
+    settings.TELEMETRY_POLL_CONCURRENCY = 2
+    with contextlib.ExitStack() as stack:
+        hanging = stack.enter_context(FakeAgent("slow", payload={}, delay_s=10.0))
+        quick = [stack.enter_context(FakeAgent("http500")) for _ in range(4)]
+        ids = [polled_agent("hanging", hanging.url, timeout_s=1.0).pk]
+        ids += [polled_agent(f"quick-{n}", fake.url).pk for n, fake in enumerate(quick)]
+        result = collect.poll_batch(ids, pool=ConnectionPool())
+    assert "within 1 s (timeout)" in result.errors["hanging"]
+    for n in range(4):
+        assert result.errors[f"quick-{n}"].startswith("HTTP 500 Internal Server Error from"), "answered, not timed out"
+    [(_, gave_up)] = hanging.calls
+    for fake in quick:
+        [(_, answered)] = fake.calls
+        assert answered < gave_up, "the quick agents did not wait for the hanging one"
+
+
+def test_an_agent_closing_a_new_connection_without_answering_is_asked_once():
+    with FakeAgent("hangup") as hangup:
+        agent = polled_agent("hangup", hangup.url)
+        result = collect.poll_batch([agent.pk], pool=ConnectionPool())
+    assert result.errors["hangup"] == f"{hangup.url}/v1/metrics closed the connection without answering"
+    assert hangup.requests == 1, "only a kept-alive connection the agent closed is retried"
+
+
+def test_a_chunked_body_is_read_in_full():
+    host = inventory_host("chunked", gpus=2, vgpus_per_gpu=2)
+    with FakeAgent("chunked", payload=sim_payload(host), chunk_bytes=700) as chunked:
+        agent = polled_agent("chunked", chunked.url, host=host)
+        result = collect.poll_batch([agent.pk], pool=ConnectionPool())
+    assert (result.ok, result.errors) == (1, {})
+    assert samples_of(host) == (2, 4)
+
+
+def test_a_chunked_body_over_the_size_cap_is_cut_off(settings):
+    host = inventory_host("chunked", gpus=2, vgpus_per_gpu=2)
+    payload = sim_payload(host)
+    settings.TELEMETRY_MAX_RESPONSE_BYTES = cap = len(json.dumps(payload)) // 2
+    with FakeAgent("chunked", payload=payload, chunk_bytes=700) as chunked:
+        agent = polled_agent("chunked", chunked.url, host=host)
+        result = collect.poll_batch([agent.pk], pool=ConnectionPool())
+    assert f"exceeds the limit of {cap} bytes (TELEMETRY_MAX_RESPONSE_BYTES); stopped reading" in result.errors[
+        "chunked"]
+    assert samples_of(host) == (0, 0)
+
+
+@contextlib.contextmanager
+def served_agent(name: str):
+    """A host with one GPU and one vGPU, its agent row, and the real agent serving it (yields both)."""
+    host = inventory_host(name, gpus=1, vgpus_per_gpu=1)
+    agent = polled_agent(name, "http://placeholder", host=host)
+    with real_agent(host, agent.token) as server:
+        Agent.objects.filter(pk=agent.pk).update(url=server.url)
+        yield agent, server
+
+
+def test_a_forked_worker_polls_on_connections_of_its_own_and_the_parents_keep_working():
+    with served_agent("forked") as (agent, server):
+        assert collect.poll_batch([agent.pk]).ok == 1
+        row = Agent.objects.get(pk=agent.pk)
+        read_end, write_end = os.pipe()
+        child = os.fork()
+        if child == 0:  # a prefork worker's child: polls without the database, reports, exits
+            try:
+                [outcome] = collect.fetch_all([row])
+                os.write(write_end, (outcome.error or "ok").encode())
+            finally:
+                os._exit(0)
+        os.close(write_end)
+        with os.fdopen(read_end, "rb") as pipe:
+            said = pipe.read().decode()
+        os.waitpid(child, 0)
+        after = collect.poll_batch([agent.pk])
+    assert said == "ok"
+    assert (after.ok, after.errors) == (1, {})
+    assert server.accepted == 2, "the parent's kept-alive connection, and the child's own"
+
+
+def test_an_https_agent_is_polled_when_its_certificate_is_trusted_and_refused_when_not(tmp_path, monkeypatch):
+    from identity.tests.slapd import _make_tls
+
+    ca, certificate, key = _make_tls(tmp_path)
+    host = inventory_host("tls", gpus=1, vgpus_per_gpu=1)
+    with FakeAgent("fixed", payload=sim_payload(host), tls=(str(certificate), str(key))) as agent_tls:
+        agent = polled_agent("tls", agent_tls.url, host=host)
+        untrusted = collect.poll_batch([agent.pk], pool=ConnectionPool())
+        monkeypatch.setenv("SSL_CERT_FILE", str(ca))  # the studio's CA in the system's store
+        tls_context.cache_clear()  # as a worker started with it would load it
+        try:
+            trusted = collect.poll_batch([agent.pk], pool=ConnectionPool())
+        finally:
+            tls_context.cache_clear()
+    assert untrusted.errors["tls"].startswith(f"TLS error talking to {agent_tls.url}/v1/metrics: ")
+    assert "certificate verify failed" in untrusted.errors["tls"]
+    assert (trusted.ok, trusted.errors) == (1, {})
+    assert samples_of(host) == (1, 1)
+
+
+class _TimeLimit(Exception):
+    """What a task's soft time limit raises in the worker's main thread (Celery's SoftTimeLimitExceeded)."""
+
+
+def test_a_batch_cut_short_by_the_tasks_time_limit_hangs_up_and_the_next_batch_polls_as_usual():
+    pool = ConnectionPool()
+
+    def time_limit(signum, frame):
+        raise _TimeLimit
+
+    previous = signal.signal(signal.SIGALRM, time_limit)
+    try:
+        with served_agent("after") as (agent, server), FakeAgent("slow", payload={}, delay_s=120.0) as slow:
+            hanging = polled_agent("hanging", slow.url, timeout_s=60.0)
+            signal.setitimer(signal.ITIMER_REAL, 0.5)
+            with pytest.raises(_TimeLimit):
+                collect.poll_batch([hanging.pk], pool=pool)
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            result = collect.poll_batch([agent.pk], pool=pool)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+    assert (result.ok, result.errors) == (1, {})
+    # The fake agent saw the collector hang up (its call ended) long before the request's timeout.
+    assert len(slow.calls) == 1, "the interrupted request was abandoned, not cancelled"
 
 
 def test_reading_stops_at_the_size_cap(settings):

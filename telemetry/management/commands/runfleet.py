@@ -55,7 +55,7 @@ class Command(BaseCommand):
                             help="folder of demo_agents' manifest (default var/agents)")
         parser.add_argument("--no-agents", action="store_true", help="do not start the simulated agents")
         parser.add_argument("--concurrency", type=int, default=2,
-                            help="worker threads (default 2: poll_batch fetches its agents on threads of its own)")
+                            help="worker threads (default 2: each fetches its batches on an event loop of its own)")
         parser.add_argument("--noreload", action="store_true", help="run the web server without the autoreloader")
 
     def handle(self, *args, **options):
