@@ -20,7 +20,7 @@ would take CPU from the collector on a 2-core machine and measure the sim, not t
 (bench/agent.py measures the agent).
 
 Each collector process first makes one untimed pass over its agents (a worker that has run a
-while keeps its connections, fetch threads and copy of the inventory warm); `--cold` starts
+while keeps its connections, event loop and copy of the inventory warm); `--cold` starts
 the clock at once. `--profile FILE` runs the 1-process phase under cProfile and prints its top.
 
 Samples are stamped to the whole second (telemetry.ingest), so an agent polled twice within a
@@ -267,8 +267,8 @@ def stored_rows() -> tuple[int, int]:
 
 def real_worker(ids: list[int], seconds: float, batch: int, queue, profile: str = "", warm: bool = True) -> None:
     """Poll `ids` through collect.poll_batch for `seconds`; each agent at most once a second.
-    With `profile`, the polls run under cProfile (the calling thread: the fetch threads show as
-    the time spent waiting on them) and the stats are written to that file."""
+    With `profile`, the polls run under cProfile (fetching and parsing included: they run on the
+    calling thread's event loop) and the stats are written to that file."""
     import django
 
     django.setup()
@@ -285,7 +285,7 @@ def real_worker(ids: list[int], seconds: float, batch: int, queue, profile: str 
     batches = collect.shard(ids, batch)
     last_start = [0.0] * len(batches)
     # One untimed pass first, as a worker that has been running a while: what a process keeps
-    # between batches (connections, threads, the inventory copy) is warm when the clock starts.
+    # between batches (connections, the event loop, the inventory copy) is warm when the clock starts.
     warm_gpu = warm_vgpu = 0
     if warm:
         for index, shard in enumerate(batches):
