@@ -3,12 +3,12 @@ deadline per agent, a size cap.
 
 Why aiohttp on an event loop, and not threads: a batch of ~50 agents is fetched concurrently,
 and each fetch spends its time waiting on a socket. On a pool of threads (http.client, the
-previous form of this module) fetching and parsing cost ~1.0 ms of CPU per poll, half of it the
-GIL changing hands at every socket call; on one event loop in the calling thread nothing changes
-hands. aiohttp is the maintained asyncio HTTP client with what the collector needs: a pool of
-keep-alive connections, TLS, chunked bodies, a C parser of responses. Measured on one machine
-(24 KB bodies over 50 keep-alive connections, docs/benchmarks.md, issue 21 item 1): the fetch
-alone cost 0.38-0.41 ms of CPU per request on threads with http.client, 0.11 ms with aiohttp.
+previous form of this module) the GIL changed hands at every socket call, and the parsing of
+each body shared it with up to 50 threads; on one event loop in the calling thread nothing
+changes hands. aiohttp is the maintained asyncio HTTP client with what the collector needs: a
+pool of keep-alive connections, TLS, chunked bodies, a C parser of responses. Measured
+(docs/benchmarks.md, issue 21 item 1, "Third pass"): fetching and parsing 0.64-0.72 -> 0.50-0.52
+ms of CPU a poll; with two collector processes on 2 cores, 789-904 -> 949-1,025 polls/s.
 
 `ConnectionPool` is an event loop with an aiohttp session on it, made once per worker process
 (and thread) and kept for its life, so an agent polled every 10 s keeps one TCP connection (the
