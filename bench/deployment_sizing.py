@@ -35,11 +35,9 @@ Prints figures and the load average; asserts nothing. Needs a PostgreSQL databas
 from __future__ import annotations
 
 import argparse
-import contextlib
 import multiprocessing
 import os
 import platform
-import resource
 import sys
 import time
 from datetime import UTC, datetime, timedelta
@@ -54,16 +52,12 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
 os.environ.setdefault("DEBUG", "true")  # development settings, as `make run`: DEBUG is off unless set
 
 import ingest  # noqa: E402 - bench/ingest.py, after the path above
+import proc_cpu  # noqa: E402
+from proc_cpu import backend_pid, own_cpu_s, process_cpu_s  # noqa: E402
 
 ROWS_PER_POLL = ingest.GPUS_PER_HOST * (1 + ingest.VGPUS_PER_GPU)
-CLOCK_TICK_S = 1 / os.sysconf("SC_CLK_TCK")
-BACKGROUND = ("walwriter", "checkpointer", "background writer", "autovacuum launcher", "autovacuum worker")
-
-
-def process_cpu_s(pid: int) -> float:
-    """User + system CPU seconds of a process of this machine (/proc/<pid>/stat)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) * CLOCK_TICK_S
+#: Also the autovacuum processes: they clean up after the rows this bench stores.
+BACKGROUND = (*proc_cpu.BACKGROUND, "autovacuum launcher", "autovacuum worker")
 
 
 def rss_mib() -> float:
@@ -73,25 +67,15 @@ def rss_mib() -> float:
     raise RuntimeError("no VmRSS in /proc/self/status")
 
 
-def own_cpu_s() -> float:
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return usage.ru_utime + usage.ru_stime
-
-
 def background_pids() -> list[int]:
     from django.db import connection
 
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT pid FROM pg_stat_activity WHERE backend_type = ANY(%s)", [list(BACKGROUND)])
-        return [pid for (pid,) in cursor.fetchall()]
+    return proc_cpu.postgres_background_pids(connection, BACKGROUND)
 
 
 def background_cpu_s(pids: list[int]) -> float:
-    total = 0.0
-    for pid in pids:
-        with contextlib.suppress(FileNotFoundError, ProcessLookupError):  # an autovacuum worker that ended
-            total += process_cpu_s(pid)
-    return total
+    """Their CPU seconds; an autovacuum worker that has ended counts 0."""
+    return sum(map(process_cpu_s, pids))
 
 
 # -- 1 and 2: a collector process -------------------------------------------------------------------
@@ -108,9 +92,7 @@ def collector(ids: list[int], seconds: float, batch: int, queue) -> None:
 
     from telemetry import collect
 
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT pg_backend_pid()")
-        backend = cursor.fetchone()[0]
+    backend = backend_pid(connection)
     rss_start = rss_mib()
     batches = collect.shard(ids, batch)
     last_start = [0.0] * len(batches)
@@ -182,9 +164,7 @@ def run_copy(rows_wanted: int) -> dict:
     for vm_id, gpu_id, vgpu_id in Vgpu.objects.filter(gpu__host__name__startswith="bench-").values_list(
             "vm_id", "gpu_id", "id"):
         vgpus.setdefault(gpu_id, []).append((vm_id, vgpu_id))
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT pg_backend_pid()")
-        backend = cursor.fetchone()[0]
+    backend = backend_pid(connection)
     background = background_pids()
     start_ts = datetime.now(tz=UTC).replace(microsecond=0) - timedelta(hours=1)
     copied = rounds = 0

@@ -36,6 +36,10 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT / "bench") not in sys.path:
+    sys.path.append(str(ROOT / "bench"))
+
+from proc_cpu import backend_pid, own_cpu_s, process_cpu_s  # noqa: E402 (bench/)
 
 
 def worker(tree: str, ids_file: str, seconds: float, batch: int, out: str, go_file: str) -> None:
@@ -61,13 +65,7 @@ def worker(tree: str, ids_file: str, seconds: float, batch: int, out: str, go_fi
         last[index] = time.monotonic()
         result = collect.poll_batch(shard)
         warm += result.gpu_samples + result.vgpu_samples
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT pg_backend_pid()")
-        backend = cursor.fetchone()[0]
-
-    def server_cpu() -> float:
-        fields = Path(f"/proc/{backend}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    backend = backend_pid(connection)
 
     Path(out + ".ready").write_text("1")
     while not Path(go_file).exists():
@@ -75,7 +73,7 @@ def worker(tree: str, ids_file: str, seconds: float, batch: int, out: str, go_fi
     start_at = float(Path(go_file).read_text())
     while time.time() < start_at:
         time.sleep(0.001)
-    usage, server, started = resource.getrusage(resource.RUSAGE_SELF), server_cpu(), time.monotonic()
+    cpu, server, started = own_cpu_s(), process_cpu_s(backend), time.monotonic()
     ok = rows = 0
     errors: dict[str, str] = {}
     while time.monotonic() - started < seconds:
@@ -91,10 +89,9 @@ def worker(tree: str, ids_file: str, seconds: float, batch: int, out: str, go_fi
             rows += result.gpu_samples + result.vgpu_samples
             errors.update(result.errors)
     elapsed = time.monotonic() - started
-    after = resource.getrusage(resource.RUSAGE_SELF)
     Path(out).write_text(json.dumps({
-        "ok": ok, "rows": rows, "warm": warm, "elapsed": elapsed, "server_cpu": server_cpu() - server,
-        "cpu": after.ru_utime - usage.ru_utime + after.ru_stime - usage.ru_stime,
+        "ok": ok, "rows": rows, "warm": warm, "elapsed": elapsed, "server_cpu": process_cpu_s(backend) - server,
+        "cpu": own_cpu_s() - cpu,
         "errors": dict(list(errors.items())[:3]),
     }))
 

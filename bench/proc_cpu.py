@@ -37,10 +37,13 @@ def backend_pid(connection) -> int:
         return cursor.fetchone()[0]
 
 
-def postgres_background_pids(connection) -> list[int]:
-    """PostgreSQL's long-lived background processes (WAL writer, checkpointer, background writer):
-    the share of the server's work that no session's figure counts."""
+#: PostgreSQL's long-lived background processes (`pg_stat_activity.backend_type`).
+BACKGROUND = ("walwriter", "checkpointer", "background writer")
+
+
+def postgres_background_pids(connection, kinds: tuple[str, ...] = BACKGROUND) -> list[int]:
+    """PostgreSQL's background processes of `kinds` (by default the WAL writer, checkpointer and
+    background writer): the share of the server's work that no session's figure counts."""
     with connection.cursor() as cursor:
-        cursor.execute("SELECT pid FROM pg_stat_activity WHERE backend_type IN "
-                       "('walwriter', 'checkpointer', 'background writer')")
+        cursor.execute("SELECT pid FROM pg_stat_activity WHERE backend_type = ANY(%s)", [list(kinds)])
         return [row[0] for row in cursor.fetchall()]
