@@ -179,8 +179,6 @@ def fetch_all(agents: Sequence[Agent], *, pool: ConnectionPool | None = None, ma
 
 async def _poll_all(agents: Sequence[Agent], pool: ConnectionPool, max_bytes: int, limit: int) -> list[PollOutcome]:
     session = pool.session
-    if limit >= len(agents):
-        return await asyncio.gather(*(poll_one(agent, session=session, max_bytes=max_bytes) for agent in agents))
     semaphore = asyncio.Semaphore(limit)
 
     async def bounded(agent: Agent) -> PollOutcome:
