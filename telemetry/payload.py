@@ -15,17 +15,22 @@ source parsers (`telemetry.sources`) and `telemetry.ingest` share these types.
   lengths (so a row can never fail in the database half-way through a batch), and raises
   `PayloadError` naming the path of the first bad value. Keys it does not know are ignored, so
   an agent may add fields without breaking older collectors.
+  A well-formed report is decoded and checked in one pass by msgspec (typed wire objects whose
+  constraints state the same rules); anything else is checked field by field, which words the
+  error.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import re
 from dataclasses import dataclass, field
-from operator import itemgetter
-from typing import Any
+from typing import Annotated, Any, Literal
 
+import msgspec
 import orjson
+from msgspec import UNSET, Meta, Struct, UnsetType
 
 # Longest strings the inventory columns take (fleet.models, telemetry.models).
 MAX_HOSTNAME = 100
@@ -280,9 +285,6 @@ def split_guest_vgpus(gpus: list[GpuReading], vm_name: str) -> tuple[list[GpuRea
 
 # -- value checks (shared by every source) ------------------------------------------------------
 
-_MISSING = object()
-
-
 def show(value: Any) -> str:
     """A value as an error message quotes it: repr, cut to a readable length."""
     text = repr(value)
@@ -484,7 +486,7 @@ def _vgpu(obj: Any, path: str, gpu_fb_total: float | None) -> VgpuReading:
         dec_util=check_percent(obj["dec_util"], path + ".dec_util"),
         # Added to protocol v1 after its first agents: optional, absent reads as null.
         mdev_uuid=check_str(obj.get("mdev_uuid"), path + ".mdev_uuid", MAX_UUID),
-        health=_vgpu_health(obj, path),
+        health=parse_vgpu_health(obj, path),
     )
 
 
@@ -512,10 +514,10 @@ def _gpu(obj: Any, path: str) -> GpuReading:
         power_w=check_number(obj["power_w"], path + ".power_w", 0, MAX_POWER_W, "a number of watts 0..10000"),
         sm_clock_mhz=check_number(obj["sm_clock_mhz"], path + ".sm_clock_mhz", 0, MAX_CLOCK_MHZ,
                                   "a number of MHz 0..100000"),
-        vgpus=[_vgpu_fast(v, fb_total) or _vgpu(v, f"{path}.vgpus[{i}]", fb_total) for i, v in enumerate(vgpus)],
+        vgpus=[_vgpu(v, f"{path}.vgpus[{i}]", fb_total) for i, v in enumerate(vgpus)],
         scheduler=_scheduler(obj.get("scheduler"), path + ".scheduler"),
         clocks_event_reasons=check_count(obj.get("clocks_event_reasons"), path + ".clocks_event_reasons"),
-        health=_gpu_health(obj.get("health"), path),
+        health=parse_gpu_health(obj.get("health"), path + ".health"),
     )
 
 
@@ -531,195 +533,6 @@ def _scheduler(value: Any, path: str) -> dict | None:
         "timeslice_ms": check_number(obj.get("timeslice_ms"), path + ".timeslice_ms", 0, 1000, "ms 0..1000"),
         "frequency_hz": check_number(obj.get("frequency_hz"), path + ".frequency_hz", 0, 100_000, "Hz 0..100000"),
     }
-
-
-# -- the common case, checked at once ---------------------------------------------------------
-# The collector validates ~1,000 reports a second, each of 8 GPUs and 32 vGPUs: checking every
-# field through the functions above (a call and an error path string each) cost ~0.45 ms a
-# report. A well-formed object is checked here in one pass instead, and anything these checks
-# do not accept goes through the functions above, which accept or refuse it with the message
-# naming its path. So these checks must accept a SUBSET of what those accept, with the same
-# values (tests/test_payload.py holds the two to that).
-
-_NUMBER = (int, float)  # compared with type(): a bool is neither, as check_number has it
-_SLOW = object()  # "not the common case": the caller checks field by field
-
-
-def _str_ok(value: Any, max_length: int) -> bool:
-    return value is None or (type(value) is str and 0 < len(value) <= max_length)
-
-
-def _number_ok(value: Any, lo: float, hi: float) -> bool:
-    return value is None or (type(value) in _NUMBER and lo <= value <= hi)
-
-
-def _percent_ok(value: Any) -> bool:
-    return value is None or (type(value) in _NUMBER and 0 <= value <= 100)
-
-
-def _count_ok(value: Any, maximum: int = MAX_COUNT) -> bool:
-    return value is None or (type(value) is int and 0 <= value <= maximum)
-
-
-def _choice_ok(value: Any, choices: frozenset[str]) -> bool:
-    return value is None or (type(value) is str and value in choices)
-
-
-def _names_ok(value: Any, known: frozenset[str]) -> bool:
-    return type(value) is list and (not value or all(type(name) is str and name in known for name in value))
-
-
-_VGPU_HEALTH_NAMES = frozenset(VGPU_HEALTH_FIELDS)
-_GPU_HEALTH_NAMES = frozenset(GPU_HEALTH_FIELDS + ("xid_events",))
-_LICENSE_STATES = frozenset(LICENSE_STATES)
-_GUEST_INFO_STATES = frozenset(GUEST_INFO_STATES)
-_ECC_MODES = frozenset(ECC_MODES)
-
-
-_vgpu_values = itemgetter(*_VGPU_KEYS)
-
-
-def _vgpu_fast(obj: Any, gpu_fb_total: float | None) -> VgpuReading | None:
-    """`_vgpu`'s reading of a well-formed vGPU object, or None: then `_vgpu` checks it."""
-    try:
-        vgpu_uuid, vm_uuid, vm_name, type_name, fb_used, util_gpu, util_mem, enc, dec = _vgpu_values(obj)
-    except (KeyError, TypeError):  # a key missing, or not an object
-        return None
-    if type(obj) is not dict:
-        return None
-    mdev_uuid = obj.get("mdev_uuid")
-    fb_hi = MAX_FB_MIB if gpu_fb_total is None else gpu_fb_total
-    if not (_str_ok(vgpu_uuid, MAX_UUID) and _str_ok(vm_uuid, MAX_UUID) and _str_ok(vm_name, MAX_NAME)
-            and _str_ok(type_name, MAX_TYPE_NAME) and _str_ok(mdev_uuid, MAX_UUID)
-            and _number_ok(fb_used, 0, fb_hi) and _percent_ok(util_gpu) and _percent_ok(util_mem)
-            and _percent_ok(enc) and _percent_ok(dec)):
-        return None
-    health = _vgpu_health_fast(obj)
-    if health is _SLOW:
-        return None
-    return VgpuReading(vgpu_uuid, vm_uuid, vm_name, type_name, fb_used, util_gpu, util_mem, enc, dec, mdev_uuid,
-                       health)
-
-
-def _vgpu_health(obj: dict, path: str) -> VgpuHealth | None:
-    health = _vgpu_health_fast(obj)
-    return parse_vgpu_health(obj, path) if health is _SLOW else health
-
-
-def _vgpu_health_fast(obj: dict) -> VgpuHealth | None | object:
-    """`parse_vgpu_health` of a well-formed vGPU object, or _SLOW."""
-    get = obj.get
-    state, expiry, guest_driver, fps, sessions, guest_info = (
-        get("license_state"), get("license_expiry"), get("guest_driver_version"), get("frame_rate_limit"),
-        get("encoder_sessions"), get("guest_info_state"))
-    unsupported = get("unsupported", _MISSING)
-    if state is None and expiry is None and guest_driver is None and fps is None and sessions is None \
-            and guest_info is None and unsupported is _MISSING:
-        return None if not any(key in obj for key in VGPU_HEALTH_FIELDS) else _SLOW
-    if unsupported is _MISSING:
-        unsupported = []
-    if not (_choice_ok(state, _LICENSE_STATES) and _number_ok(expiry, 0, 1e11) and _str_ok(guest_driver, MAX_SHORT)
-            and _count_ok(fps, MAX_SMALL_COUNT) and _count_ok(sessions, MAX_SMALL_COUNT)
-            and _choice_ok(guest_info, _GUEST_INFO_STATES) and _names_ok(unsupported, _VGPU_HEALTH_NAMES)):
-        return _SLOW
-    return VgpuHealth(license_state=state, license_expiry=expiry, guest_driver_version=guest_driver,
-                      frame_rate_limit=fps, encoder_sessions=sessions, guest_info_state=guest_info,
-                      unsupported=list(unsupported))
-
-
-def _gpu_fast(obj: Any) -> GpuReading | None:
-    """`_gpu`'s reading of a well-formed GPU object (each vGPU and the health through their own fast
-    checks, else field by field), or None: then `_gpu` checks it."""
-    if type(obj) is not dict:
-        return None
-    get = obj.get
-    uuid, index, name, pci, fb_total, mode = (get("uuid"), get("index"), get("name", _MISSING),
-                                              get("pci_bus_id", _MISSING), get("fb_total_mib", _MISSING),
-                                              get("virtualization_mode", _MISSING))
-    util_gpu, util_mem, fb_used, enc, dec = (get("util_gpu", _MISSING), get("util_mem", _MISSING),
-                                             get("fb_used_mib", _MISSING), get("enc_util", _MISSING),
-                                             get("dec_util", _MISSING))
-    temp, power, clock, vgpus = get("temp_c", _MISSING), get("power_w", _MISSING), get("sm_clock_mhz", _MISSING), \
-        get("vgpus")
-    reasons = get("clocks_event_reasons")
-    if not (type(uuid) is str and 0 < len(uuid) <= MAX_UUID and type(index) is int and index >= 0
-            and _str_ok(name, MAX_NAME) and _str_ok(pci, MAX_PCI_BUS_ID) and _number_ok(fb_total, 0, MAX_FB_MIB)
-            and _str_ok(mode, MAX_SHORT) and _number_ok(util_gpu, 0, 100) and _number_ok(util_mem, 0, 100)
-            and _number_ok(fb_used, 0, MAX_FB_MIB if fb_total is None else fb_total)
-            and _number_ok(enc, 0, 100) and _number_ok(dec, 0, 100) and _number_ok(temp, MIN_TEMP_C, MAX_TEMP_C)
-            and _number_ok(power, 0, MAX_POWER_W) and _number_ok(clock, 0, MAX_CLOCK_MHZ) and type(vgpus) is list
-            and _count_ok(reasons)):
-        return None
-    readings = []
-    for vgpu in vgpus:
-        reading = _vgpu_fast(vgpu, fb_total)
-        if reading is None:
-            return None
-        readings.append(reading)
-    health = get("health")
-    if health is not None:
-        health = _gpu_health_fast(health)
-        if health is _SLOW:
-            return None
-    scheduler = get("scheduler")
-    if scheduler is not None:
-        scheduler = _scheduler_fast(scheduler)
-        if scheduler is _SLOW:
-            return None
-    return GpuReading(uuid=uuid, index=index, name=name, pci_bus_id=pci, fb_total_mib=fb_total,
-                      virtualization_mode=mode, util_gpu=util_gpu, util_mem=util_mem, fb_used_mib=fb_used,
-                      enc_util=enc, dec_util=dec, temp_c=temp, power_w=power, sm_clock_mhz=clock, vgpus=readings,
-                      scheduler=scheduler, clocks_event_reasons=reasons, health=health)
-
-
-def _scheduler_fast(obj: Any) -> dict | object:
-    """`_scheduler` of a well-formed scheduler object, or _SLOW."""
-    if type(obj) is not dict:
-        return _SLOW
-    get = obj.get
-    reading = {"policy": get("policy"), "arr_mode": get("arr_mode"), "avg_factor": get("avg_factor"),
-               "timeslice_ms": get("timeslice_ms"), "frequency_hz": get("frequency_hz")}
-    if not (_str_ok(reading["policy"], MAX_SHORT) and _str_ok(reading["arr_mode"], MAX_SHORT)
-            and _number_ok(reading["avg_factor"], 0, 1000) and _number_ok(reading["timeslice_ms"], 0, 1000)
-            and _number_ok(reading["frequency_hz"], 0, 100_000)):
-        return _SLOW
-    return reading
-
-
-def _gpu_health(value: Any, path: str) -> GpuHealth | None:
-    if value is None:
-        return None
-    health = _gpu_health_fast(value)
-    return parse_gpu_health(value, path + ".health") if health is _SLOW else health
-
-
-def _gpu_health_fast(obj: Any) -> GpuHealth | object:
-    """`parse_gpu_health` of a well-formed health object without XID events, or _SLOW."""
-    if type(obj) is not dict:
-        return _SLOW
-    get = obj.get
-    values = {name: get(name) for name in _GPU_HEALTH_COUNTS}
-    flags = {name: get(name) for name in _GPU_HEALTH_FLAGS}
-    ecc_mode, throttles, fan, slowdown, shutdown, power_limit, pstate = (
-        get("ecc_mode"), get("throttle_reasons"), get("fan_speed_pct"), get("temp_slowdown_c"),
-        get("temp_shutdown_c"), get("power_limit_w"), get("performance_state"))
-    xids, unsupported = get("xid_events", []), get("unsupported", [])
-    if not (all(_count_ok(value) for value in values.values())
-            and all(value is None or type(value) is bool for value in flags.values())
-            and _choice_ok(ecc_mode, _ECC_MODES) and (throttles is None or _names_ok(throttles, THROTTLE_NAMES))
-            and _number_ok(fan, 0, 200) and _number_ok(slowdown, MIN_TEMP_C, MAX_TEMP_C)
-            and _number_ok(shutdown, MIN_TEMP_C, MAX_TEMP_C) and _number_ok(power_limit, 0, MAX_POWER_W)
-            and _str_ok(pstate, 8) and type(xids) is list and not xids and _names_ok(unsupported, _GPU_HEALTH_NAMES)):
-        return _SLOW
-    return GpuHealth(ecc_mode=ecc_mode, throttle_reasons=None if throttles is None else list(throttles),
-                     fan_speed_pct=fan, temp_slowdown_c=slowdown, temp_shutdown_c=shutdown, power_limit_w=power_limit,
-                     performance_state=pstate, xid_events=[], unsupported=list(unsupported), **values, **flags)
-
-
-_GPU_HEALTH_COUNTS = ("ecc_corrected_volatile", "ecc_uncorrected_volatile", "ecc_corrected_aggregate",
-                      "ecc_uncorrected_aggregate", "retired_pages_sbe", "retired_pages_dbe",
-                      "remapped_rows_correctable", "remapped_rows_uncorrectable", "pcie_replay_counter")
-_GPU_HEALTH_FLAGS = ("retired_pages_pending", "remapped_rows_pending", "remapped_rows_failure")
 
 
 def check_unique_uuids(gpus: list[GpuReading], what: str = "gpus") -> None:
@@ -741,11 +554,250 @@ def _loads(data: bytes | bytearray | str) -> Any:
         return json.loads(data)
 
 
+# -- the common case, decoded and checked in one pass -------------------------------------------
+# The collector reads ~1,000 reports a second, each of 8 GPUs and 32 vGPUs (~24 KB): decoding the
+# JSON into dicts (orjson), then checking every field in Python, cost ~0.16 ms a report of CPU
+# (bench/parse.py). msgspec decodes a body straight into the wire types below, checking types,
+# ranges, lengths and names in C as it goes, and skipping the keys they do not name (as the
+# functions above ignore them); the readings are then built from their values. The wire types
+# state the same rules as the functions above. Whatever they refuse, for any reason (and a frame
+# buffer in use beyond its GPU's total, or a GPU listed twice), is decoded again and checked field
+# by field (`_checked_payload`), which accepts it or refuses it with the message naming its path.
+# So they must accept a SUBSET of what those accept, reading the same values: int or float as
+# sent, absent or null alike (tests/test_payload_typed.py and test_payload_health.py hold the two
+# to that, with mutated reports).
+
+
+def _number(lo: float, hi: float) -> Any:
+    """A number within lo..hi or null, kept an int or a float as sent (as check_number); a bool is
+    neither, and NaN fails the range."""
+    return Annotated[int, Meta(ge=math.ceil(lo), le=math.floor(hi))] | Annotated[
+        float, Meta(ge=float(lo), le=float(hi))] | None
+
+
+def _text(max_length: int) -> Any:
+    """A non-empty string of at most `max_length` characters (as check_str)."""
+    return Annotated[str, Meta(min_length=1, max_length=max_length)]
+
+
+def _count(maximum: int = MAX_COUNT) -> Any:
+    """An integer count 0..`maximum` or null (as check_count)."""
+    return Annotated[int, Meta(ge=0, le=maximum)] | None
+
+
+_Uuid, _Name, _PciBusId, _TypeName, _Short = (_text(MAX_UUID), _text(MAX_NAME), _text(MAX_PCI_BUS_ID),
+                                               _text(MAX_TYPE_NAME), _text(MAX_SHORT))
+_Percent = _number(0, 100)
+_Mib = _number(0, MAX_FB_MIB)  # and within the GPU's total: checked after decoding, as it spans two fields
+_Temp = _number(MIN_TEMP_C, MAX_TEMP_C)
+_UnixSeconds = Annotated[float, Meta(gt=0, lt=1e11)]  # an int is read as its float, as float(collected_at)
+_SmallCount = _count(MAX_SMALL_COUNT)
+_Count = _count()
+_Flag = bool | None
+_XidCode = Annotated[int, Meta(gt=0, lt=100_000)]
+_ThrottleName = Literal[tuple(sorted(THROTTLE_NAMES))]
+_GpuHealthName = Literal[GPU_HEALTH_FIELDS + ("xid_events",)]
+_VgpuHealthName = Literal[VGPU_HEALTH_FIELDS]
+_DriverName = Literal[tuple(DriverInfo.__slots__)]
+
+
+# Wire objects live only while a report is read and never form a cycle: no need for the GC to track them.
+class _XidWire(Struct, gc=False):
+    code: _XidCode
+    at: _UnixSeconds
+
+
+class _GpuHealthWire(Struct, gc=False):
+    ecc_mode: Literal[ECC_MODES] | None = None
+    ecc_corrected_volatile: _Count = None
+    ecc_uncorrected_volatile: _Count = None
+    ecc_corrected_aggregate: _Count = None
+    ecc_uncorrected_aggregate: _Count = None
+    retired_pages_sbe: _Count = None
+    retired_pages_dbe: _Count = None
+    retired_pages_pending: _Flag = None
+    remapped_rows_correctable: _Count = None
+    remapped_rows_uncorrectable: _Count = None
+    remapped_rows_pending: _Flag = None
+    remapped_rows_failure: _Flag = None
+    throttle_reasons: list[_ThrottleName] | None = None
+    pcie_replay_counter: _Count = None
+    fan_speed_pct: _number(0, 200) = None
+    temp_slowdown_c: _Temp = None
+    temp_shutdown_c: _Temp = None
+    power_limit_w: _number(0, MAX_POWER_W) = None
+    performance_state: _text(8) | None = None
+    # Longer lists are cut to their first MAX_XID_EVENTS, unchecked beyond: that is _xid_events' to do.
+    xid_events: Annotated[list[_XidWire], Meta(max_length=MAX_XID_EVENTS)] = []
+    unsupported: list[_GpuHealthName] = []
+
+
+class _SchedulerWire(Struct, gc=False):
+    policy: _Short | None = None
+    arr_mode: _Short | None = None
+    avg_factor: _number(0, 1000) = None
+    timeslice_ms: _number(0, 1000) = None
+    frequency_hz: _number(0, 100_000) = None
+
+
+class _VgpuWire(Struct, gc=False):
+    vgpu_uuid: _Uuid | None
+    vm_uuid: _Uuid | None
+    vm_name: _Name | None
+    type_name: _TypeName | None
+    fb_used_mib: _Mib
+    util_gpu: _Percent
+    util_mem: _Percent
+    enc_util: _Percent
+    dec_util: _Percent
+    mdev_uuid: _Uuid | None = None
+    # The health keys sit beside the reading; UNSET (absent) tells an agent older than them (no
+    # health at all) from one that sends null.
+    license_state: Literal[LICENSE_STATES] | None | UnsetType = UNSET
+    license_expiry: _number(0, 1e11) | UnsetType = UNSET
+    guest_driver_version: _Short | None | UnsetType = UNSET
+    frame_rate_limit: _SmallCount | UnsetType = UNSET
+    encoder_sessions: _SmallCount | UnsetType = UNSET
+    guest_info_state: Literal[GUEST_INFO_STATES] | None | UnsetType = UNSET
+    unsupported: list[_VgpuHealthName] | UnsetType = UNSET
+
+
+class _GpuWire(Struct, gc=False):
+    uuid: _Uuid
+    # Unbounded field by field, but orjson reads an integer past 64 bits as a float, which that refuses.
+    index: Annotated[int, Meta(ge=0, le=2**63 - 1)]
+    name: _Name | None
+    pci_bus_id: _PciBusId | None
+    fb_total_mib: _Mib
+    virtualization_mode: _Short | None
+    util_gpu: _Percent
+    util_mem: _Percent
+    fb_used_mib: _Mib
+    enc_util: _Percent
+    dec_util: _Percent
+    temp_c: _Temp
+    power_w: _number(0, MAX_POWER_W)
+    sm_clock_mhz: _number(0, MAX_CLOCK_MHZ)
+    vgpus: list[_VgpuWire]
+    scheduler: _SchedulerWire | None = None
+    clocks_event_reasons: _Count = None
+    health: _GpuHealthWire | None = None
+
+
+class _DriverWire(Struct, gc=False):
+    driver_version: _Short | None = None
+    vgpu_manager_version: _Short | None = None
+    nvml_version: _Short | None = None
+    cuda_driver_version: Annotated[int, Meta(gt=0, lt=10000000)] | None = None
+    unsupported: list[_DriverName] = []
+
+
+class _AgentWire(Struct, gc=False):
+    version: _Short
+    hostname: _text(MAX_HOSTNAME)
+    backend: _Short
+    scheduler_write: bool = False
+
+
+class _PayloadWire(Struct, gc=False):
+    agent: _AgentWire
+    collected_at: _UnixSeconds
+    gpus: list[_GpuWire]
+    driver: _DriverWire | None = None
+
+
+_decoder = msgspec.json.Decoder(_PayloadWire)
+# Anything msgspec will not read (text with a lone surrogate cannot be UTF-8): checked field by field.
+_REFUSED = (msgspec.MsgspecError, UnicodeError)
+
+
+# The objects are built from the decoded values in field order: each wire type lists its fields in
+# the order of the reading it becomes (tests/test_payload_typed.py holds them to it).
+_values = msgspec.structs.astuple
+
+
+def _vgpu_health_from(values: tuple) -> VgpuHealth | None:
+    """The health keys of a vGPU (VGPU_HEALTH_FIELDS' values), UNSET where absent: None when all are."""
+    if UNSET not in values:
+        return VgpuHealth(*values)
+    if all(value is UNSET for value in values):
+        return None  # an agent older than the fields
+    *values, unsupported = (None if value is UNSET else value for value in values)
+    return VgpuHealth(*values, [] if unsupported is None else unsupported)
+
+
+def _gpu_health_from(wire: _GpuHealthWire | None) -> GpuHealth | None:
+    if wire is None:
+        return None
+    health = GpuHealth(*_values(wire))
+    if health.xid_events:
+        health.xid_events = [XidEvent(event.code, event.at) for event in health.xid_events]
+    return health
+
+
+_SCHEDULER_KEYS = ("policy", "arr_mode", "avg_factor", "timeslice_ms", "frequency_hz")
+
+
+def _scheduler_from(wire: _SchedulerWire | None) -> dict | None:
+    if wire is None:
+        return None
+    return dict(zip(_SCHEDULER_KEYS, _values(wire), strict=True))
+
+
+def _gpu_from(wire: _GpuWire) -> GpuReading | None:
+    """The GPU's reading, or None where a frame buffer in use exceeds the GPU's total."""
+    values = _values(wire)
+    fb_total, fb_used = values[4], values[8]
+    if fb_total is not None and fb_used is not None and fb_used > fb_total:
+        return None
+    vgpus = []
+    for vgpu in values[14]:
+        vgpu_values = _values(vgpu)
+        if fb_total is not None and vgpu_values[4] is not None and vgpu_values[4] > fb_total:
+            return None
+        vgpus.append(VgpuReading(*vgpu_values[:10], _vgpu_health_from(vgpu_values[10:])))
+    return GpuReading(*values[:14], vgpus, _scheduler_from(values[15]), values[16], _gpu_health_from(values[17]))
+
+
+def _typed_payload(data: bytes | bytearray | str | dict) -> Report | None:
+    """The report of a body (or decoded object) the typed checks accept, or None: then
+    `_checked_payload` reads it field by field."""
+    try:
+        if type(data) is dict:
+            wire = msgspec.convert(data, _PayloadWire)
+        elif isinstance(data, (bytes, bytearray, str)):
+            wire = _decoder.decode(data)
+        else:
+            return None
+    except _REFUSED:
+        return None
+    gpus = []
+    for gpu in wire.gpus:
+        reading = _gpu_from(gpu)
+        if reading is None:
+            return None
+        gpus.append(reading)
+    if len({gpu.uuid for gpu in gpus}) != len(gpus):
+        return None  # a GPU listed twice: refused field by field, naming both places
+    agent = wire.agent
+    physical, guest = split_guest_vgpus(gpus, agent.hostname)
+    return Report(hostname=agent.hostname, backend=agent.backend, collected_at=wire.collected_at, gpus=physical,
+                  guest_vgpus=guest, scheduler_write=agent.scheduler_write,
+                  driver=None if wire.driver is None else DriverInfo(*_values(wire.driver)))
+
+
 def parse_agent_payload(data: bytes | str | dict) -> Report:
     """The `Report` in one `GET /v1/metrics` answer of a host agent, or PayloadError.
 
-    `data` is the raw body (bytes or str) or an already decoded JSON object.
+    `data` is the raw body (bytes or str) or an already decoded JSON object. A well-formed report
+    is read in one pass by msgspec; anything else is checked field by field.
     """
+    report = _typed_payload(data)
+    return _checked_payload(data) if report is None else report
+
+
+def _checked_payload(data: bytes | str | dict) -> Report:
+    """`parse_agent_payload` field by field: the report, or PayloadError naming the first bad value."""
     if isinstance(data, (bytes, bytearray, str)):
         try:
             data = _loads(data)
@@ -766,7 +818,7 @@ def parse_agent_payload(data: bytes | str | dict) -> Report:
     collected_at = top["collected_at"]
     if not ((type(collected_at) is int or type(collected_at) is float) and 0 < collected_at < 1e11):
         raise PayloadError(f"collected_at: expected Unix seconds (a positive number), got {show(collected_at)}")
-    gpus = [_gpu_fast(g) or _gpu(g, f"gpus[{i}]") for i, g in enumerate(_list(top["gpus"], "gpus"))]
+    gpus = [_gpu(g, f"gpus[{i}]") for i, g in enumerate(_list(top["gpus"], "gpus"))]
     check_unique_uuids(gpus)
     physical, guest = split_guest_vgpus(gpus, hostname)
     return Report(hostname=hostname, backend=backend, collected_at=float(collected_at), gpus=physical,
