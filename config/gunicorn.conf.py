@@ -15,6 +15,15 @@ workers = int(os.environ.get("WEB_WORKERS") or (os.cpu_count() or 1) + 1)
 threads = int(os.environ.get("WEB_THREADS") or 4)
 worker_class = "gthread"
 bind = os.environ.get("WEB_BIND") or "0.0.0.0:8000"
+# Each worker listens on its own socket (SO_REUSEPORT) and the kernel spreads new connections
+# over them. With one shared socket, whichever worker woke first accepted: a burst of clients
+# opening keep-alive connections at once landed 33, 12 and 5 on three workers (39/9/2, 42/2/6
+# in other runs), and since a keep-alive connection stays with its worker, the clients on the
+# crowded one waited for it while the others idled (bench/load.py: p95 118-212 ms against
+# 82 ms spread). A worker replaced after max_requests resets the few connections still in its
+# own accept queue; Linux 5.14+ hands them to the other workers with the sysctl
+# net.ipv4.tcp_migrate_req=1 (docs/operations.md).
+reuse_port = True
 # Longer than the dashboard's refresh interval (15 s), so an open page keeps its connection.
 keepalive = 30
 # A request stuck longer than this (a hung query) gets its worker replaced.

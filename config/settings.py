@@ -248,6 +248,9 @@ STORAGES = {
 LOGIN_URL = "login"
 LOGIN_REDIRECT_URL = "fleet:overview"
 LOGOUT_REDIRECT_URL = "login"
+# Messages (a change saved, a sign-out's reason): Django's cookie-then-session storage, built only
+# for the requests that use it (config/messages_storage.py).
+MESSAGE_STORAGE = "config.messages_storage.LazyFallbackStorage"
 # Sessions (identity/sessions.py): one ends after SESSION_IDLE_TIMEOUT_MINUTES without a request of
 # the user's own (a page refreshing itself does not count, so an overview left open on a screen
 # still times out) and SESSION_MAX_AGE_HOURS after sign-in however active; the sign-in page says
@@ -277,6 +280,8 @@ REST_FRAMEWORK = {
         "rest_framework.renderers.BrowsableAPIRenderer",
         "config.csv_export.CsvRenderer",
     ],
+    # DRF's negotiation, its answer kept per process for each Accept header (config/api/negotiation.py).
+    "DEFAULT_CONTENT_NEGOTIATION_CLASS": "config.api.negotiation.KeptContentNegotiation",
     # DRF's parsers, with a nesting limit on JSON bodies (config/api/).
     "DEFAULT_PARSER_CLASSES": [
         "config.api.JSONParser",
@@ -385,6 +390,10 @@ def cache_key_prefix(database: dict) -> str:
 
 
 CACHES = {"default": {**cache_backend(CACHE_URL), "KEY_PREFIX": cache_key_prefix(DATABASES["default"])}}
+# With Redis as the cache, sessions are read through it and kept in the database (a page's session
+# costs a GET, not a query; identity/session_store.py); other caches leave them to the database.
+if CACHES["default"]["BACKEND"] == "config.redis_cache.RedisCache":
+    SESSION_ENGINE = "identity.session_store"
 READ_CACHE_ENABLED = env_bool("READ_CACHE_ENABLED", default=True) and not CACHE_URL.startswith("none://")
 
 # Deployments (or test runs) sharing one Redis keep apart by queue name.
