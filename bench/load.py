@@ -445,12 +445,13 @@ class CpuMeter:
     def __init__(self, server_pid: int):
         self.server_pid = server_pid
 
-    def snapshot(self) -> dict[str, float]:
-        backends = _database_backends()
+    def snapshot(self) -> dict[str, float | dict[int, float]]:
         return {
             "gunicorn": process_cpu_s(self.server_pid, children=True)
             + sum(map(process_cpu_s, _children(self.server_pid))),
-            "postgresql": sum(map(process_cpu_s, backends)),
+            # By backend: one that ended in the window (a connection closed and opened again) is
+            # left out rather than counted against the others.
+            "postgresql": {pid: process_cpu_s(pid) for pid in _database_backends()},
             "redis": sum(map(process_cpu_s, _redis_pids())),
             "clients": time.process_time(),
         }
@@ -460,7 +461,37 @@ class CpuMeter:
 
     def stop(self) -> dict[str, float]:
         ended = self.snapshot()
-        return {part: ended[part] - self.started[part] for part in ended}
+        used = {}
+        for part, value in ended.items():
+            if isinstance(value, dict):
+                used[part] = sum(cpu - self.started[part].get(pid, 0.0) for pid, cpu in value.items())
+            else:
+                used[part] = value - self.started[part]
+        return used
+
+
+def clients_per_worker(server_pid: int, port: int) -> list[int]:
+    """How many open client connections each gunicorn worker holds (a keep-alive connection stays
+    with the worker that accepted it), from /proc: the established sockets on the server's port,
+    matched to the workers' file descriptors."""
+    established = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in _read(Path(table)).splitlines()[1:]:
+            fields = line.split()
+            if int(fields[1].rsplit(":", 1)[1], 16) == port and fields[3] == "01":
+                established.add(fields[9])
+    counts = []
+    for worker in _children(server_pid):
+        sockets = set()
+        for fd in Path(f"/proc/{worker}/fd").glob("*"):
+            try:
+                target = os.readlink(fd)
+            except OSError:
+                continue
+            if target.startswith("socket:["):
+                sockets.add(target[8:-1])
+        counts.append(len(sockets & established))
+    return sorted(counts, reverse=True)
 
 
 def measure(args, admin_password: str, token: str, *, read_cache: bool) -> tuple[int, tuple[float, float]]:
@@ -484,9 +515,13 @@ def measure(args, admin_password: str, token: str, *, read_cache: bool) -> tuple
             threads.append(threading.Thread(target=writer, args=(until, writes)))
         meter, used = CpuMeter(server.pid), {}
 
+        spread = []
+
         def meter_the_measured_window() -> None:
             time.sleep(max(0.0, record_after - time.monotonic()))
             meter.start()
+            time.sleep(max(0.0, (record_after + until) / 2 - time.monotonic()))
+            spread.extend(clients_per_worker(server.pid, port))
             time.sleep(max(0.0, until - time.monotonic()))
             used.update(meter.stop())
 
@@ -499,6 +534,7 @@ def measure(args, admin_password: str, token: str, *, read_cache: bool) -> tuple
               f"{AGENTS_SEEN_PER_S} agents, {writes[1]} host edits")
         every = sorted(v for values in results.latencies_ms.values() for v in values)
         status = report(results, args.seconds)
+        print(f"client connections per worker, mid-run: {', '.join(map(str, spread))}")
         if every:
             print("CPU per request (ms), measured window: " + ", ".join(
                 f"{part} {seconds * 1000 / len(every):.2f}" for part, seconds in used.items())
