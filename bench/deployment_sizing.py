@@ -48,8 +48,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 if str(ROOT / "bench") not in sys.path:
     sys.path.append(str(ROOT / "bench"))
-os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
-os.environ.setdefault("DEBUG", "true")  # development settings, as `make run`: DEBUG is off unless set
+from production import use_production_settings  # noqa: E402 (bench/)
+
+use_production_settings()  # DEBUG off, as the workers run (bench/production.py)
 
 import ingest  # noqa: E402 - bench/ingest.py, after the path above
 import proc_cpu  # noqa: E402

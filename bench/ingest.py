@@ -48,10 +48,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
-os.environ.setdefault("DEBUG", "true")  # development settings, as `make run`: DEBUG is off unless set
-
 from proc_cpu import backend_pid, own_cpu_s, postgres_background_pids, process_cpu_s  # noqa: E402 (bench/)
+from production import use_production_settings  # noqa: E402 (bench/)
+
+use_production_settings()  # DEBUG off, as the workers run (bench/production.py)
 
 GPUS_PER_HOST = 8
 VGPUS_PER_GPU = 4

@@ -40,14 +40,14 @@ if str(ROOT / "bench") not in sys.path:
     sys.path.append(str(ROOT / "bench"))
 
 from proc_cpu import backend_pid, own_cpu_s, process_cpu_s  # noqa: E402 (bench/)
+from production import use_production_settings  # noqa: E402 (bench/)
 
 
 def worker(tree: str, ids_file: str, seconds: float, batch: int, out: str, go_file: str) -> None:
     """One collector process of `tree`: warm pass, wait for the shared start, poll, write figures."""
     sys.path.insert(0, tree)
     os.chdir(tree)
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
-    os.environ.setdefault("DEBUG", "true")
+    use_production_settings()  # DEBUG off, as the workers run (bench/production.py)
     import django
 
     django.setup()
@@ -113,8 +113,7 @@ def main() -> int:
     names = args.names or ["A", "B"]
 
     sys.path.insert(0, str(ROOT))
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
-    os.environ.setdefault("DEBUG", "true")
+    use_production_settings()  # DEBUG off, as the workers run (bench/production.py)
     from bench import ingest as bench
 
     bench._raise_fd_limit()
