@@ -360,18 +360,7 @@ def _entry_and_versions(entry_key: str, along: list[str] | None = None) -> tuple
     """The entry under `entry_key` and the current versions of the tables it read; with `along`,
     the entries under those keys and their tables' versions too, in the same round trip, kept
     for this thread's next asking."""
-    fetched = getattr(_local, "fetched_along", None)
-    if fetched and entry_key in fetched:
-        entry, found = fetched.pop(entry_key)
-        if entry is None:
-            return None, {}
-        if set(entry.versions) == set(_tables_of.get(entry_key, ())):
-            return entry, _versions_found(entry.versions, found)
-    keys = [entry_key, *(along or ())]
-    version_keys = [_VERSION_PREFIX + table for key in keys for table in _tables_of.get(key, ())]
-    found = cache.get_many([*keys, *version_keys])
-    if along:
-        _local.fetched_along = {key: (found.get(key), found) for key in along}
+    found = _fetch(entry_key, along)
     entry = found.get(entry_key)
     if entry is None:
         return None, {}
@@ -379,6 +368,20 @@ def _entry_and_versions(entry_key: str, along: list[str] | None = None) -> tuple
         _tables_of[entry_key] = tuple(entry.versions)
         return entry, versions(entry.versions)
     return entry, _versions_found(entry.versions, found)
+
+
+def _fetch(entry_key: str, along: list[str] | None) -> dict[str, Any]:
+    """In one round trip, the entry under `entry_key`, those under `along`, and the versions of
+    the tables each read when this process last saw it; or, for a key an earlier call fetched
+    along, what that round trip found (once)."""
+    fetched = getattr(_local, "fetched_along", None)
+    if fetched and entry_key in fetched:
+        return fetched.pop(entry_key)
+    keys = [entry_key, *(along or ())]
+    found = cache.get_many([*keys, *(_VERSION_PREFIX + table for key in keys for table in _tables_of.get(key, ()))])
+    if along:
+        _local.fetched_along = dict.fromkeys(along, found)
+    return found
 
 
 def _versions_found(tables: Iterable[str], found: dict[str, Any]) -> dict[str, str]:
