@@ -120,6 +120,9 @@ def build() -> Path:
             raise VcsimUnavailable(f"Building the vCenter simulator failed ({INSTALL_HINT} provides what it "
                                    f"needs):\n{(result.stderr or result.stdout)[-4000:]}")
         partial.rename(binary)
+    for old in cache_root().iterdir():  # builds of earlier launcher sources
+        if old.is_dir() and old != folder and old.name != "gocache":
+            shutil.rmtree(old, ignore_errors=True)
     return binary
 
 

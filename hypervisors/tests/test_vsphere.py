@@ -28,6 +28,7 @@ from hypervisors.backends.base import (
     VgpuDevice,
 )
 from hypervisors.backends.vsphere import VsphereBackend, framebuffer_gib, type_name, vsphere_type
+from hypervisors.testing import vcsim as vcsim_harness
 from hypervisors.testing.vcsim import Vcsim
 
 GPU_A, GPU_B = "00000000:3B:00.0", "00000000:5E:00.0"
@@ -57,6 +58,20 @@ def vgpu_backings(vm) -> list[str]:
 
 def by_name(backend) -> dict:
     return {domain.name: domain for domain in backend.list_domains()}
+
+
+# The simulator ---------------------------------------------------------------------------------
+
+
+def test_a_machine_without_go_or_govmomi_is_told_what_to_install(monkeypatch, tmp_path):
+    monkeypatch.setattr(vcsim_harness, "find_go", lambda: None)
+    with pytest.raises(vcsim_harness.VcsimUnavailable, match="Go toolchain is not installed.*apt-get install -y "
+                       "golang-go golang-github-vmware-govmomi-dev"):
+        vcsim_harness.build()
+    monkeypatch.setattr(vcsim_harness, "find_go", lambda: "/usr/bin/go")
+    monkeypatch.setattr(vcsim_harness, "GOVMOMI_SIMULATOR", tmp_path / "nowhere")
+    with pytest.raises(vcsim_harness.VcsimUnavailable, match="govmomi's Go source is not in /usr/share/gocode"):
+        vcsim_harness.build()
 
 
 # Names ---------------------------------------------------------------------------------------
