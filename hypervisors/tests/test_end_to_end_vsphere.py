@@ -23,12 +23,13 @@ from hypervisors.tests.test_vsphere import GPU_A, GPU_B, T4_PROFILES, vgpu_backi
 pytestmark = pytest.mark.django_db
 
 
-def esx_world(vcsim, artist, admin_api, vm_name: str) -> SimpleNamespace:
-    """esx-01 (vCenter's DC0_H0) linked through the simulator, with its two T4s and every VM the
-    host runs in the inventory as vCenter shows them (device ids included); `vm_name` is Ana's."""
-    host = HostFactory(name="esx-01", hypervisor_uri=vcsim.uri(), hypervisor_secret_ref=vcsim.secret_ref)
+def esx_world(vcsim, artist, admin_api, vm_name: str, *, name: str = "esx-01",
+              esx: str = "DC0_H0") -> SimpleNamespace:
+    """`name` (vCenter's host `esx`) linked through the simulator, with its two T4s and every VM
+    the host runs in the inventory as vCenter shows them (device ids included); `vm_name` is Ana's."""
+    host = HostFactory(name=name, hypervisor_uri=vcsim.uri(esx), hypervisor_secret_ref=vcsim.secret_ref)
     gpus = {bus: GpuFactory(host=host, gpu_model=gpu_model("Tesla T4"), pci_bus_id=bus) for bus in (GPU_A, GPU_B)}
-    backend = open_backend(vcsim.uri(), secret_ref=vcsim.secret_ref)
+    backend = open_backend(vcsim.uri(esx), secret_ref=vcsim.secret_ref)
     domains = backend.list_domains()
     backend.close()
     world = SimpleNamespace(host=host, gpus=gpus)
@@ -37,13 +38,17 @@ def esx_world(vcsim, artist, admin_api, vm_name: str) -> SimpleNamespace:
         vm = VirtualMachineFactory(name=domain.name, uuid=domain.uuid, vcpus=domain.vcpus, ram_gib=1, **owner)
         for device in domain.vgpus:
             held = matching.match_profile(device.type_name, T4_PROFILES)
-            response = admin_api.post("/api/v1/vgpus/", {"vm": vm.pk, "gpu": gpus[device.gpu_bus_id].pk,
-                                                         "profile": profile(held).pk}, format="json")
-            assert response.status_code == 201, response.content
-            Vgpu.objects.filter(pk=response.json()["id"]).update(device_id=device.id)
+            place(admin_api, vm, gpus[device.gpu_bus_id], held)
+            Vgpu.objects.filter(vm=vm, gpu=gpus[device.gpu_bus_id]).update(device_id=device.id)
             if domain.name == vm_name:
                 world.vm, world.device, world.held = vm, device, held
     return world
+
+
+def place(admin_api, vm, gpu, held: str) -> None:
+    response = admin_api.post("/api/v1/vgpus/", {"vm": vm.pk, "gpu": gpu.pk, "profile": profile(held).pk},
+                              format="json")
+    assert response.status_code == 201, response.content
 
 
 def approve_now(world, wanted: str, admin_api, artist_api) -> Operation:
@@ -104,3 +109,22 @@ def test_a_guest_that_will_not_power_off_is_left_running_as_it_was(
     vgpu = Vgpu.objects.get(vm=world.vm)
     assert (vgpu.profile.name, vgpu.device_id) == ("T4-8Q", world.device.id)
     assert ResizeRequest.objects.get(pk=done.request_id).status == ResizeStatus.FAILED
+
+
+def test_a_resize_that_fits_only_on_another_host_moves_the_vm_there(
+        vcsim, vcenter_admin, settings, artist, artist_api, admin_api):
+    settings.HYPERVISOR_VERIFY_WAIT_S = 0
+    world = esx_world(vcsim, artist, admin_api, "DC0_H0_VM0")
+    other = esx_world(vcsim, None, admin_api, "", name="esx-02", esx="DC0_C0_H0")
+    # A 4Q the inventory keeps on esx-01's first T4 (its second is full): no 8Q fits on esx-01.
+    place(admin_api, VirtualMachineFactory(name="ws-render-node", ram_gib=1), world.gpus[GPU_A], "T4-4Q")
+
+    done = operations.run(approve_now(world, "T4-8Q", admin_api, artist_api).pk)
+
+    assert done.status == OperationStatus.SUCCEEDED, done.error
+    assert done.target_host == other.host
+    real = vm_named(vcenter_admin, "DC0_H0_VM0")
+    assert (real.runtime.host.name, real.runtime.powerState, vgpu_backings(real)) == (
+        "DC0_C0_H0", "poweredOn", ["grid_t4-8q"])
+    [vgpu] = Vgpu.objects.filter(vm=world.vm).select_related("gpu__host")
+    assert (vgpu.gpu.host, vgpu.profile.name) == (other.host, "T4-8Q")
