@@ -128,3 +128,25 @@ def test_a_resize_that_fits_only_on_another_host_moves_the_vm_there(
         "DC0_C0_H0", "poweredOn", ["grid_t4-8q"])
     [vgpu] = Vgpu.objects.filter(vm=world.vm).select_related("gpu__host")
     assert (vgpu.gpu.host, vgpu.profile.name) == (other.host, "T4-8Q")
+
+
+def test_a_gpu_that_vsphere_finds_full_gets_the_vm_its_old_vgpu_back(
+        vcsim, vcenter_admin, settings, artist, artist_api, admin_api):
+    world = esx_world(vcsim, artist, admin_api, "DC0_H0_VM0")
+    # The inventory has lost DC0_H0_VM2's 8Q on the second T4 and keeps a 4Q on the first that
+    # vCenter does not run: placement chooses the second T4, which vSphere finds full.
+    Vgpu.objects.filter(vm__name="DC0_H0_VM2").delete()
+    place(admin_api, VirtualMachineFactory(name="ws-render-node", ram_gib=1), world.gpus[GPU_A], "T4-4Q")
+
+    done = operations.run(approve_now(world, "T4-8Q", admin_api, artist_api).pk)
+
+    assert done.status == OperationStatus.ROLLED_BACK, done.error
+    assert "cannot take another GRID T4-8Q vGPU now" in done.error
+    real = vm_named(vcenter_admin, "DC0_H0_VM0")
+    assert (real.runtime.powerState, vgpu_backings(real)) == ("poweredOn", ["grid_t4-4q"])
+    backend = open_backend(vcsim.uri(), secret_ref=vcsim.secret_ref)
+    assert [d.id for d in backend.domain(str(world.vm.uuid)).vgpus] == [world.device.id]
+    backend.close()
+    vgpu = Vgpu.objects.get(vm=world.vm)
+    assert (vgpu.profile.name, vgpu.device_id) == ("T4-4Q", world.device.id)
+    assert ResizeRequest.objects.get(pk=done.request_id).status == ResizeStatus.FAILED
