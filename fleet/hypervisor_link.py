@@ -5,8 +5,10 @@ malformed link when it is typed, not when an operation first uses it. Pure: no D
 
 - `hypervisor_uri`: a libvirt URI (`qemu+ssh://root@node-01/system`, `qemu+tls://node-01/system`,
   `qemu:///system` for a worker on the host itself, `test+unix:///default?socket=...` for
-  libvirt's test driver) or `sim://NAME` for the simulated hypervisor of the demo. Empty: the
-  host is not linked, and the product changes only its own inventory for it.
+  libvirt's test driver), `vsphere://USER@VCENTER/?datacenter=DC&host=ESXI` for an ESXi host
+  through its vCenter (`insecure=1` for a lab without certificate checking), or `sim://NAME` for
+  the simulated hypervisor of the demo. Empty: the host is not linked, and the product changes
+  only its own inventory for it.
 - `hypervisor_secret_ref`: the name of a file in HYPERVISOR_SECRETS_DIR holding a password, an
   SSH private key or a folder of TLS material; a name, never a path, and never the secret.
 """
@@ -20,7 +22,9 @@ from urllib.parse import urlsplit
 LIBVIRT_DRIVERS = ("qemu", "test", "lxc", "xen", "ch")
 LIBVIRT_TRANSPORTS = ("", "ssh", "tls", "tcp", "unix", "libssh", "libssh2", "ext")
 SIM_SCHEME = "sim"
-EXAMPLES = "qemu+ssh://root@node-01/system, qemu:///system or sim://node-01"
+VSPHERE_SCHEME = "vsphere"
+EXAMPLES = ("qemu+ssh://root@node-01/system, qemu:///system, "
+            "vsphere://administrator@vsphere.local@vcenter-01/?datacenter=DC&host=esx-01 or sim://node-01")
 
 _SECRET_REF = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
 
@@ -42,11 +46,16 @@ def check_uri(text: str) -> str:
         if not parts.netloc:
             raise InvalidLink("A simulated hypervisor is named after the host: sim://node-01.")
         return value
+    if scheme == VSPHERE_SCHEME:
+        if not parts.hostname or not parts.username:
+            raise InvalidLink("A vSphere URI names the user and vCenter (or the ESXi host): "
+                              "vsphere://administrator@vsphere.local@vcenter-01/?datacenter=DC&host=esx-01.")
+        return value
     driver, _, transport = scheme.partition("+")
     if driver not in LIBVIRT_DRIVERS or transport not in LIBVIRT_TRANSPORTS or "://" not in value:
         raise InvalidLink(f"Unknown hypervisor URI scheme {parts.scheme or value!r}: use a libvirt URI "
                           f"({', '.join(d + '://' for d in LIBVIRT_DRIVERS[:2])}, with +ssh, +tls, … for a "
-                          f"remote host) or sim://, e.g. {EXAMPLES}.")
+                          f"remote host), vsphere:// or sim://, e.g. {EXAMPLES}.")
     if transport in ("ssh", "tls", "tcp", "libssh", "libssh2") and not parts.hostname:
         raise InvalidLink(f"A remote hypervisor URI names its host: {driver}+{transport}://node-01/system.")
     return value
@@ -54,6 +63,10 @@ def check_uri(text: str) -> str:
 
 def is_simulated(uri: str) -> bool:
     return urlsplit(uri).scheme.lower() == SIM_SCHEME
+
+
+def is_vsphere(uri: str) -> bool:
+    return urlsplit(uri).scheme.lower() == VSPHERE_SCHEME
 
 
 def check_secret_ref(text: str) -> str:

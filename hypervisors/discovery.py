@@ -32,7 +32,7 @@ import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from hypervisors.backends.base import Domain, VgpuDevice
+from hypervisors.backends.base import DeviceKind, Domain, VgpuDevice
 from hypervisors.matching import match_profile
 
 MIB_PER_GIB = 1024
@@ -91,6 +91,12 @@ class HostInventory:
     telemetry: dict[str, tuple[TelemetryVgpu, ...]] = field(default_factory=dict)
 
 
+def _unplaced(device: VgpuDevice) -> bool:
+    """A vSphere vGPU of a VM that is off: ESXi picks its GPU at power on, so it is on none yet
+    (and any GPU of the right model agrees with the inventory)."""
+    return device.kind == DeviceKind.VMIOP and not device.gpu_bus_id
+
+
 def ram_gib_of(ram_mib: int) -> int:
     """The inventory's GiB for a domain's MiB: rounded up, so a VM is never recorded with less
     RAM than it has."""
@@ -103,8 +109,13 @@ def _device_json(device: VgpuDevice, profile: str | None) -> dict:
 
 
 def _profile_of(device: VgpuDevice, inventory: HostInventory) -> tuple[str | None, str]:
-    """(matched profile or None, why not) of a device, against the profiles of its GPU's model."""
-    profiles = inventory.gpu_profiles.get(device.gpu_bus_id)
+    """(matched profile or None, why not) of a device, against the profiles of its GPU's model;
+    a device on no GPU yet (vSphere places a VM's vGPU when the VM starts), against those of
+    every GPU model of the host."""
+    if _unplaced(device):
+        profiles = tuple(sorted({name for names in inventory.gpu_profiles.values() for name in names}))
+    else:
+        profiles = inventory.gpu_profiles.get(device.gpu_bus_id)
     if profiles is None:
         where = device.gpu_bus_id or "a GPU the host does not name"
         return None, f"vGPU {device.id} is on {where}, which the inventory does not list on {inventory.name}"
@@ -129,7 +140,8 @@ def _pair_vgpus(devices: Sequence[VgpuDevice], vgpus: Sequence[InventoryVgpu], i
             left_vgpus.remove(vgpu)
     for vgpu in list(left_vgpus):
         device = next((d for d in left_devices
-                       if d.gpu_bus_id == vgpu.gpu_bus_id and profiles[d.id][0] == vgpu.profile), None)
+                       if (d.gpu_bus_id == vgpu.gpu_bus_id or _unplaced(d)) and profiles[d.id][0] == vgpu.profile),
+                      None)
         if device is not None:
             pairs.append((device, vgpu))
             left_devices.remove(device)
@@ -146,7 +158,7 @@ def _pair_vgpus(devices: Sequence[VgpuDevice], vgpus: Sequence[InventoryVgpu], i
             notes.append(why)
         elif profile != vgpu.profile:
             notes.append(f"vGPU {device.id} is a {profile} on the hypervisor, a {vgpu.profile} in the inventory")
-        if device.gpu_bus_id != vgpu.gpu_bus_id:
+        if device.gpu_bus_id != vgpu.gpu_bus_id and not _unplaced(device):
             notes.append(f"vGPU {device.id} is on GPU {device.gpu_bus_id} on the hypervisor, "
                          f"{vgpu.gpu_bus_id} in the inventory")
         if vgpu.device_id.lower() != device.id:

@@ -3,14 +3,16 @@ secret reference cannot work, instead of when the first approval tries to use it
 
 import pytest
 
-from fleet.hypervisor_link import InvalidLink, check_secret_ref, check_uri, is_simulated
+from fleet.hypervisor_link import InvalidLink, check_secret_ref, check_uri, is_simulated, is_vsphere
 
 
 @pytest.mark.parametrize("uri", [
     "qemu+ssh://root@node-01/system", "qemu+tls://node-01.studio.lan/system", "qemu:///system",
     "test+unix:///default?socket=/tmp/x/libvirt-sock", "test:///default", "sim://node-01", "",
+    "vsphere://administrator@vsphere.local@vcenter-01:443/?datacenter=DC&host=esx-01",
+    "vsphere://lab@127.0.0.1:8989/?insecure=1",
 ])
-def test_libvirt_and_simulated_uris_are_accepted(uri):
+def test_libvirt_vsphere_and_simulated_uris_are_accepted(uri):
     assert check_uri(f"  {uri} ") == uri
 
 
@@ -19,6 +21,7 @@ def test_libvirt_and_simulated_uris_are_accepted(uri):
     ("node-01", "Unknown hypervisor URI scheme"),
     ("qemu+ssh:///system", "names its host"),
     ("sim://", "named after the host"),
+    ("vsphere://vcenter-01/?datacenter=DC", "names the user and vCenter"),
     ("qemu:///system\nx", "one line"),
 ])
 def test_a_uri_that_cannot_work_is_refused_with_what_to_type(uri, says):
@@ -33,9 +36,11 @@ def test_a_secret_is_named_never_given_as_a_path():
             check_secret_ref(bad)
 
 
-def test_sim_uris_are_told_apart():
+def test_sim_and_vsphere_uris_are_told_apart():
     assert is_simulated("sim://node-01")
     assert not is_simulated("qemu:///system")
+    assert is_vsphere("VSphere://root@esx-01/")
+    assert not is_vsphere("sim://node-01")
 
 
 @pytest.mark.django_db

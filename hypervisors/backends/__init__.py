@@ -1,10 +1,10 @@
-"""Open the backend a host's `hypervisor_uri` names: `sim://` the demo's simulator, any other
-URI libvirt (an optional dependency: without libvirt-python, MissingDependency says what to
-install)."""
+"""Open the backend a host's `hypervisor_uri` names: `sim://` the demo's simulator, `vsphere://`
+VMware vSphere (pyvmomi), any other URI libvirt (an optional dependency: without libvirt-python,
+MissingDependency says what to install)."""
 
 from __future__ import annotations
 
-from fleet.hypervisor_link import is_simulated
+from fleet.hypervisor_link import is_simulated, is_vsphere
 from hypervisors.backends.base import Backend, DeviceManager, MissingDependency
 
 __all__ = ["open_backend"]
@@ -17,6 +17,10 @@ def open_backend(uri: str, *, secret_ref: str = "", devices: DeviceManager | Non
         from hypervisors.backends.sim import SimBackend
 
         return SimBackend.open(uri)
+    if is_vsphere(uri):
+        from hypervisors.backends.vsphere import VsphereBackend
+
+        return VsphereBackend.open(uri, secret_ref=secret_ref, devices=devices)
     try:
         from hypervisors.backends.libvirt import LibvirtBackend
     except ImportError as exc:  # libvirt-python absent: the module imports it at the top

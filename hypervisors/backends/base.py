@@ -2,9 +2,10 @@
 
 One interface (`Backend`) and the plain values it speaks in, so discovery, operations and the
 drift report never see libvirt's XML or a simulator's file. Implementations: `libvirt.py`
-(libvirt/KVM, any URI libvirt accepts) and `sim.py` (the demo's hypervisor, no libvirt
-needed). Every method raises a `HypervisorError` subclass, whose message says what happened in
-words an admin can act on; nothing else escapes a backend.
+(libvirt/KVM, any URI libvirt accepts), `vsphere.py` (VMware vSphere through vCenter, on
+pyvmomi) and `sim.py` (the demo's hypervisor, no libvirt needed). Every method raises a
+`HypervisorError` subclass, whose message says what happened in words an admin can act on;
+nothing else escapes a backend.
 
 Units: RAM in MiB (libvirt's KiB and the inventory's GiB are converted at the edges); PCI
 addresses in the form of `fleet.pci.normalize_pci_bus_id` (`00000000:3B:00.0`).
@@ -28,6 +29,9 @@ class PowerState:
 class DeviceKind:
     MDEV = "mdev"  # a mediated device (vGPU up to 16, and older GPUs): its id is the mdev UUID
     VF = "vf"  # an SR-IOV virtual function (vGPU 17+ on Ada, Hopper and newer): its id is the VF's PCI address
+    # A vSphere VM's shared passthrough vGPU (a VirtualPCIPassthrough with VmiopBackingInfo): it lives in
+    # the VM's configuration and ESXi makes it at power on; its id is a UUID the backend keeps with the VM.
+    VMIOP = "vmiop"
 
 
 @dataclass(frozen=True)

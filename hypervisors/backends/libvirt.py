@@ -33,9 +33,7 @@ from urllib.parse import parse_qsl, urlencode, urlsplit
 import libvirt
 from defusedxml.ElementTree import fromstring as parse_xml
 from defusedxml.ElementTree import iterparse
-from django.conf import settings
 
-from fleet.hypervisor_link import InvalidLink, check_secret_ref
 from fleet.pci import InvalidPciBusId, normalize_pci_bus_id
 from hypervisors.backends.base import (
     Backend,
@@ -54,6 +52,8 @@ from hypervisors.backends.base import (
     VgpuDevice,
     VgpuType,
 )
+from hypervisors.backends.credentials import read_password, secret_path
+from hypervisors.backends.credentials import shown as _shown
 
 log = logging.getLogger(__name__)
 
@@ -107,20 +107,6 @@ class _Password:
     password: str = field(repr=False)
 
 
-def secret_path(secret_ref: str, uri: str) -> Path:
-    """The file or folder `secret_ref` names in HYPERVISOR_SECRETS_DIR; Unreachable naming the
-    reference (never a content) when it is not there."""
-    try:
-        name = check_secret_ref(secret_ref)
-    except InvalidLink as exc:
-        raise Unreachable(f"The secret reference of {_shown(uri)} is unusable: {exc}") from None
-    path = Path(settings.HYPERVISOR_SECRETS_DIR) / name
-    if not path.exists():
-        raise Unreachable(f"The credentials {secret_ref!r} for {_shown(uri)} are missing: there is no file or "
-                          f"folder named {secret_ref!r} in the secrets folder (HYPERVISOR_SECRETS_DIR).")
-    return path
-
-
 def connection_uri(uri: str, secret: Path | None) -> str:
     """`uri` with what libvirt needs to use the secret: `keyfile=` (an SSH private key) for the
     SSH transports, `pkipath=` (a folder of TLS material) for +tls; an option already in the URI
@@ -159,11 +145,6 @@ def _password_auth(secret: _Password | None) -> list:
 
     kinds = [libvirt.VIR_CRED_AUTHNAME, libvirt.VIR_CRED_PASSPHRASE, libvirt.VIR_CRED_NOECHOPROMPT]
     return [kinds, answer, None]
-
-
-def _shown(uri: str) -> str:
-    """The URI as messages show it: without its query (socket paths, key files)."""
-    return uri.partition("?")[0]
 
 
 def _version(number: int) -> str:
@@ -335,15 +316,8 @@ class LibvirtBackend:
         transport = urlsplit(uri).scheme.partition("+")[2].lower()
         password = None
         if secret is not None and transport not in (*SSH_TRANSPORTS, "tls"):
-            if not secret.is_file():
-                raise Unreachable(f"The credentials {secret_ref!r} for {_shown(uri)} should be a password file, "
-                                  "but it is a folder.")
-            try:
-                text = secret.read_text()
-            except (OSError, UnicodeDecodeError) as exc:
-                raise Unreachable(f"The credentials {secret_ref!r} for {_shown(uri)} could not be read: "
-                                  f"{type(exc).__name__}.") from None
-            password = _Password(username=urlsplit(uri).username or "", password=text.rstrip("\r\n"))
+            password = _Password(username=urlsplit(uri).username or "",
+                                 password=read_password(secret, secret_ref, uri))
         try:
             conn = libvirt.openAuth(connection_uri(uri, secret), _password_auth(password), 0)
         except libvirt.libvirtError as exc:

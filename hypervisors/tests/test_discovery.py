@@ -120,3 +120,15 @@ def test_entries_come_new_changed_gone_then_same():
     assert [e["kind"] for e in diff["entries"]] == ["new", "gone", "gone"]
     assert diff["summary"] == {"new": 1, "changed": 0, "gone": 2, "elsewhere": 0, "same": 0}
     assert kinds(diff)["ws-new"] == "new"
+
+
+def test_a_vsphere_vgpu_of_a_vm_that_is_off_agrees_with_the_inventory_on_any_gpu():
+    """ESXi places a VM's vGPU on a GPU when the VM starts: off, its device is on none, and only
+    its profile is compared (against the host's GPU models)."""
+    off = domain(state="shut_off", vgpus=(VgpuDevice("vmiop", DEV_1, "", "GRID L40S-12Q"),))
+    [entry] = diff_host([off], inventory(vm()))["entries"]
+    assert (entry["kind"], entry["vgpu_notes"]) == ("same", [])
+    assert entry["vgpus"][0]["profile"] == "L40S-12Q"
+    resized = domain(state="shut_off", vgpus=(VgpuDevice("vmiop", DEV_1, "", "GRID L40S-24Q"),))
+    [entry] = diff_host([resized], inventory(vm()))["entries"]
+    assert entry["vgpu_notes"] == [f"vGPU {DEV_1} is a L40S-24Q on the hypervisor, a L40S-12Q in the inventory"]

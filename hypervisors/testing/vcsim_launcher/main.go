@@ -1,0 +1,242 @@
+// A vCenter simulator for the vSphere backend's tests (hypervisors/testing/vcsim.py builds and
+// starts it): govmomi's simulator.VPX() inventory (datacenter DC0; standalone host DC0_H0 and
+// cluster DC0_C0 of hosts DC0_C0_H0..2; VMs DC0_H0_VM0..2 and DC0_C0_RP0_VM0..2), whose hosts
+// are made NVIDIA vGPU hosts:
+//
+//   - every host has two Tesla T4 GPUs (graphicsInfo, shared direct: 0000:3b:00.0 and
+//     0000:5e:00.0) and offers the T4's Q types (config.sharedPassthruGpuTypes);
+//   - DC0_H0_VM0 holds a grid_t4-4q vGPU on the first GPU, DC0_H0_VM1 and DC0_H0_VM2 a
+//     grid_t4-8q each on the second (which is then full), DC0_C0_RP0_VM0 a grid_t4-2q on the
+//     first GPU of its host (a VirtualPCIPassthrough device with VmiopBackingInfo, as vSphere
+//     writes it); running VMs are listed on their GPU;
+//   - DC0_H0_VM2 has a stubborn guest: ShutdownGuest is answered but the VM keeps running;
+//   - the privileges named by -deny are refused to the user (HasPrivilegeOnEntity says so).
+//
+// It listens on -listen (127.0.0.1:0 picks a free port), with TLS unless -tls=false, accepts
+// only -username/-password, writes its certificate to -cafile when given, and prints
+// "VCSIM_URL=<url>" on stdout once it serves. It stops on SIGTERM, SIGINT or the end of stdin.
+package main
+
+import (
+	"bytes"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"flag"
+	"fmt"
+	"io"
+	"io/ioutil"
+	"log"
+	"math/big"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"os/signal"
+	"regexp"
+	"sort"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/vmware/govmomi/simulator"
+	"github.com/vmware/govmomi/vim25/types"
+)
+
+var gpuTypes = []string{"grid_t4-1q", "grid_t4-2q", "grid_t4-4q", "grid_t4-8q", "grid_t4-16q"}
+
+var gpuBusIDs = []string{"0000:3b:00.0", "0000:5e:00.0"}
+
+// The vGPU each VM is given: its type and the index of the GPU of its host it runs on.
+var vgpus = map[string]struct {
+	vgpu string
+	gpu  int
+}{
+	"DC0_H0_VM0":     {"grid_t4-4q", 0},
+	"DC0_H0_VM1":     {"grid_t4-8q", 1},
+	"DC0_H0_VM2":     {"grid_t4-8q", 1},
+	"DC0_C0_RP0_VM0": {"grid_t4-2q", 0},
+}
+
+const stubbornVM = "DC0_H0_VM2"
+
+// The key of the PCI controller every simulated VM has.
+const pciControllerKey = 100
+
+func graphicsInfo() []types.HostGraphicsInfo {
+	infos := make([]types.HostGraphicsInfo, len(gpuBusIDs))
+	for i, bus := range gpuBusIDs {
+		infos[i] = types.HostGraphicsInfo{
+			DeviceName:     "TU104GL [Tesla T4]",
+			VendorName:     "NVIDIA Corporation",
+			PciId:          bus,
+			GraphicsType:   "sharedDirect",
+			MemorySizeInKB: 16 * 1024 * 1024,
+		}
+	}
+	return infos
+}
+
+func setUp() (stubbornRef string) {
+	hosts := map[string]*simulator.HostSystem{}
+	for _, entity := range simulator.Map.All("HostSystem") {
+		host := entity.(*simulator.HostSystem)
+		host.Config.SharedPassthruGpuTypes = append([]string(nil), gpuTypes...)
+		host.Config.GraphicsInfo = graphicsInfo()
+		hosts[host.Self.Value] = host
+	}
+	vms := simulator.Map.All("VirtualMachine")
+	sort.Slice(vms, func(i, j int) bool { return vms[i].Entity().Name < vms[j].Entity().Name })
+	for _, entity := range vms {
+		vm := entity.(*simulator.VirtualMachine)
+		if vm.Name == stubbornVM {
+			stubbornRef = vm.Self.Value
+		}
+		want, ok := vgpus[vm.Name]
+		if !ok {
+			continue
+		}
+		device := &types.VirtualPCIPassthrough{VirtualDevice: types.VirtualDevice{
+			Key:           13000,
+			ControllerKey: pciControllerKey,
+			DeviceInfo:    &types.Description{Label: "PCI device 0", Summary: "NVIDIA GRID vGPU " + want.vgpu},
+			Backing:       &types.VirtualPCIPassthroughVmiopBackingInfo{Vgpu: want.vgpu},
+		}}
+		vm.Config.Hardware.Device = append(vm.Config.Hardware.Device, device)
+		if vm.Runtime.Host != nil && vm.Runtime.PowerState == types.VirtualMachinePowerStatePoweredOn {
+			if host := hosts[vm.Runtime.Host.Value]; host != nil {
+				info := &host.Config.GraphicsInfo[want.gpu]
+				info.Vm = append(info.Vm, vm.Self)
+			}
+		}
+	}
+	return stubbornRef
+}
+
+var privID = regexp.MustCompile(`<privId>([^<]*)</privId>`)
+
+func soapResponse(w http.ResponseWriter, body string) {
+	w.Header().Set("Content-Type", "text/xml; charset=utf-8")
+	fmt.Fprint(w, `<?xml version="1.0" encoding="UTF-8"?>`+
+		`<soapenv:Envelope xmlns:soapenv="http://schemas.xmlsoap.org/soap/envelope/">`+
+		`<soapenv:Body>`+body+`</soapenv:Body></soapenv:Envelope>`)
+}
+
+// faults answers two requests itself, as vSphere would, without passing them on: ShutdownGuest
+// of the VM `stubbornRef` (the guest is asked and never powers off), and HasPrivilegeOnEntity,
+// where the privileges in `denied` are not granted.
+func faults(next http.Handler, stubbornRef string, denied map[string]bool) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodPost && r.Body != nil {
+			body, err := ioutil.ReadAll(r.Body)
+			if err != nil {
+				http.Error(w, err.Error(), http.StatusBadRequest)
+				return
+			}
+			r.Body = ioutil.NopCloser(bytes.NewReader(body))
+			text := string(body)
+			if stubbornRef != "" && strings.Contains(text, "<ShutdownGuest") && strings.Contains(text, ">"+stubbornRef+"<") {
+				soapResponse(w, `<ShutdownGuestResponse xmlns="urn:vim25"></ShutdownGuestResponse>`)
+				return
+			}
+			if len(denied) > 0 && strings.Contains(text, "<HasPrivilegeOnEntity") {
+				var answer strings.Builder
+				for _, match := range privID.FindAllStringSubmatch(text, -1) {
+					fmt.Fprintf(&answer, "<returnval>%t</returnval>", !denied[match[1]])
+				}
+				soapResponse(w, `<HasPrivilegeOnEntityResponse xmlns="urn:vim25">`+answer.String()+
+					`</HasPrivilegeOnEntityResponse>`)
+				return
+			}
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+// certificate is a fresh self-signed certificate for 127.0.0.1 (ECDSA P-256: the test server's
+// built-in one has a key too short for a client at OpenSSL's default security level).
+func certificate() (tls.Certificate, error) {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return tls.Certificate{}, err
+	}
+	now := time.Now()
+	template := x509.Certificate{
+		SerialNumber:          big.NewInt(now.UnixNano()),
+		Subject:               pkix.Name{CommonName: "vcsim", Organization: []string{"vCenter simulator"}},
+		NotBefore:             now.Add(-time.Hour),
+		NotAfter:              now.Add(7 * 24 * time.Hour),
+		KeyUsage:              x509.KeyUsageDigitalSignature | x509.KeyUsageCertSign,
+		ExtKeyUsage:           []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+		BasicConstraintsValid: true,
+		IsCA:                  true,
+		IPAddresses:           []net.IP{net.ParseIP("127.0.0.1")},
+		DNSNames:              []string{"localhost"},
+	}
+	der, err := x509.CreateCertificate(rand.Reader, &template, &template, &key.PublicKey, key)
+	if err != nil {
+		return tls.Certificate{}, err
+	}
+	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}, nil
+}
+
+func main() {
+	listen := flag.String("listen", "127.0.0.1:0", "address to listen on (port 0: a free one)")
+	useTLS := flag.Bool("tls", true, "serve https")
+	caFile := flag.String("cafile", "", "write the server's certificate (PEM) to this file")
+	username := flag.String("username", "user", "the only user name accepted")
+	password := flag.String("password", "pass", "the only password accepted")
+	deny := flag.String("deny", "", "privileges refused to the user, comma-separated")
+	flag.Parse()
+	denied := map[string]bool{}
+	for _, name := range strings.Split(*deny, ",") {
+		if name != "" {
+			denied[name] = true
+		}
+	}
+
+	model := simulator.VPX()
+	model.Machine = 3
+	if err := model.Create(); err != nil {
+		log.Fatal(err)
+	}
+	ref := setUp()
+
+	model.Service.Listen = &url.URL{Host: *listen, User: url.UserPassword(*username, *password)}
+	model.Service.ServeMux = http.NewServeMux()
+	if *useTLS {
+		cert, err := certificate()
+		if err != nil {
+			log.Fatal(err)
+		}
+		model.Service.TLS = &tls.Config{Certificates: []tls.Certificate{cert}}
+	}
+	server := model.Service.NewServer()
+	server.Config.Handler = faults(server.Config.Handler, ref, denied)
+
+	if *useTLS && *caFile != "" {
+		cert := server.Certificate()
+		data := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: cert.Raw})
+		if err := ioutil.WriteFile(*caFile, data, 0o644); err != nil {
+			log.Fatal(err)
+		}
+	}
+	shown := *server.URL
+	shown.User = nil
+	fmt.Printf("VCSIM_URL=%s\n", shown.String())
+	os.Stdout.Sync()
+
+	done := make(chan os.Signal, 1)
+	signal.Notify(done, syscall.SIGINT, syscall.SIGTERM)
+	go func() {
+		_, _ = io.Copy(ioutil.Discard, os.Stdin)
+		done <- syscall.SIGTERM
+	}()
+	<-done
+	server.Close()
+	model.Remove()
+}

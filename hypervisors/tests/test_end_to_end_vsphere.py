@@ -1,0 +1,152 @@
+"""A resize carried out on VMware vSphere, end to end: the artist files a request through the API,
+the admin approves it (run now), the operation runs against a real vCenter simulator (govmomi's
+vcsim with T4 vGPU hosts, hypervisors.testing.vcsim), and then vCenter itself shows the VM
+running with the new vGPU profile, and the API's inventory says the same. A guest that does not
+power off leaves everything as it was.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from fleet.choices import ResizeStatus
+from fleet.models import ResizeRequest, Vgpu
+from fleet.tests.factories import GpuFactory, HostFactory, VirtualMachineFactory, gpu_model, profile
+from hypervisors import matching, operations, services
+from hypervisors.backends import open_backend
+from hypervisors.choices import OperationStatus
+from hypervisors.models import Operation
+from hypervisors.tests.test_vsphere import GPU_A, GPU_B, T4_PROFILES, vgpu_backings, vm_named
+
+pytestmark = pytest.mark.django_db
+
+
+def esx_world(vcsim, artist, admin_api, vm_name: str, *, name: str = "esx-01",
+              esx: str = "DC0_H0") -> SimpleNamespace:
+    """`name` (vCenter's host `esx`) linked through the simulator, with its two T4s and every VM
+    the host runs in the inventory as vCenter shows them (device ids included); `vm_name` is Ana's."""
+    host = HostFactory(name=name, hypervisor_uri=vcsim.uri(esx), hypervisor_secret_ref=vcsim.secret_ref)
+    gpus = {bus: GpuFactory(host=host, gpu_model=gpu_model("Tesla T4"), pci_bus_id=bus) for bus in (GPU_A, GPU_B)}
+    backend = open_backend(vcsim.uri(esx), secret_ref=vcsim.secret_ref)
+    domains = backend.list_domains()
+    backend.close()
+    world = SimpleNamespace(host=host, gpus=gpus)
+    for domain in domains:
+        owner = {"artist": artist} if domain.name == vm_name else {}
+        vm = VirtualMachineFactory(name=domain.name, uuid=domain.uuid, vcpus=domain.vcpus, ram_gib=1, **owner)
+        for device in domain.vgpus:
+            held = matching.match_profile(device.type_name, T4_PROFILES)
+            place(admin_api, vm, gpus[device.gpu_bus_id], held)
+            Vgpu.objects.filter(vm=vm, gpu=gpus[device.gpu_bus_id]).update(device_id=device.id)
+            if domain.name == vm_name:
+                world.vm, world.device, world.held = vm, device, held
+    return world
+
+
+def place(admin_api, vm, gpu, held: str) -> None:
+    response = admin_api.post("/api/v1/vgpus/", {"vm": vm.pk, "gpu": gpu.pk, "profile": profile(held).pk},
+                              format="json")
+    assert response.status_code == 201, response.content
+
+
+def approve_now(world, wanted: str, admin_api, artist_api) -> Operation:
+    filed = artist_api.post("/api/v1/resize-requests/", {
+        "vm": world.vm.pk, "requested_profile": profile(wanted).pk, "requested_vgpus": 1,
+        "reason": "the new show needs twice the frame buffer"}, format="json")
+    assert filed.status_code == 201, filed.content
+    approved = admin_api.post(f"/api/v1/resize-requests/{filed.json()['id']}/approve/",
+                              {"comment": "tonight", "run_now": True}, format="json")
+    assert approved.status_code == 200, approved.content
+    return Operation.objects.get(request_id=filed.json()["id"])
+
+
+def test_a_linked_esx_host_is_checked_and_read_in_step_with_the_inventory(vcsim, artist, admin_api):
+    world = esx_world(vcsim, artist, admin_api, "DC0_H0_VM0")
+    status = services.check_host(world.host)
+    assert status.ok, status.message
+    assert (status.hostname, status.uri) == ("DC0_H0", world.host.hypervisor_uri)
+    report = services.sync_host(world.host)
+    assert report.ok, report.error
+    assert {e["name"]: e["kind"] for e in report.diff["entries"]} == {
+        "DC0_H0_VM0": "same", "DC0_H0_VM1": "same", "DC0_H0_VM2": "same"}
+    [row] = next(e for e in report.diff["entries"] if e["name"] == "DC0_H0_VM0")["vgpus"]
+    assert (row["profile"], row["gpu_bus_id"], row["device_id"]) == ("T4-4Q", GPU_A, world.device.id)
+
+
+def test_an_artists_request_approved_by_an_admin_is_carried_out_on_vsphere(
+        vcsim, vcenter_admin, settings, artist, artist_api, admin_api):
+    settings.HYPERVISOR_VERIFY_WAIT_S = 0
+    world = esx_world(vcsim, artist, admin_api, "DC0_H0_VM0")
+
+    done = operations.run(approve_now(world, "T4-8Q", admin_api, artist_api).pk)
+
+    assert done.status == OperationStatus.SUCCEEDED, done.error
+    real = vm_named(vcenter_admin, "DC0_H0_VM0")
+    assert real.runtime.powerState == "poweredOn"
+    assert vgpu_backings(real) == ["grid_t4-8q"]
+    [vgpu] = Vgpu.objects.filter(vm=world.vm)
+    assert vgpu.profile.name == "T4-8Q"
+    backend = open_backend(vcsim.uri(), secret_ref=vcsim.secret_ref)
+    assert [d.id for d in backend.domain(str(world.vm.uuid)).vgpus] == [vgpu.device_id]
+    backend.close()
+    assert vgpu.device_id != world.device.id
+    assert artist_api.get(f"/api/v1/resize-requests/{done.request_id}/").json()["status"] == "approved"
+
+
+def test_a_guest_that_will_not_power_off_is_left_running_as_it_was(
+        vcsim, vcenter_admin, settings, artist, artist_api, admin_api):
+    settings.HYPERVISOR_SHUTDOWN_TIMEOUT_S = 0.5
+    world = esx_world(vcsim, artist, admin_api, "DC0_H0_VM2")
+
+    done = operations.run(approve_now(world, "T4-4Q", admin_api, artist_api).pk)
+
+    assert done.status == OperationStatus.ROLLED_BACK, done.error
+    assert "did not power off within 0.5 s" in done.error
+    real = vm_named(vcenter_admin, "DC0_H0_VM2")
+    assert (real.runtime.powerState, vgpu_backings(real)) == ("poweredOn", ["grid_t4-8q"])
+    vgpu = Vgpu.objects.get(vm=world.vm)
+    assert (vgpu.profile.name, vgpu.device_id) == ("T4-8Q", world.device.id)
+    assert ResizeRequest.objects.get(pk=done.request_id).status == ResizeStatus.FAILED
+
+
+def test_a_resize_that_fits_only_on_another_host_moves_the_vm_there(
+        vcsim, vcenter_admin, settings, artist, artist_api, admin_api):
+    settings.HYPERVISOR_VERIFY_WAIT_S = 0
+    world = esx_world(vcsim, artist, admin_api, "DC0_H0_VM0")
+    other = esx_world(vcsim, None, admin_api, "", name="esx-02", esx="DC0_C0_H0")
+    # A 4Q the inventory keeps on esx-01's first T4 (its second is full): no 8Q fits on esx-01.
+    place(admin_api, VirtualMachineFactory(name="ws-render-node", ram_gib=1), world.gpus[GPU_A], "T4-4Q")
+
+    done = operations.run(approve_now(world, "T4-8Q", admin_api, artist_api).pk)
+
+    assert done.status == OperationStatus.SUCCEEDED, done.error
+    assert done.target_host == other.host
+    real = vm_named(vcenter_admin, "DC0_H0_VM0")
+    assert (real.runtime.host.name, real.runtime.powerState, vgpu_backings(real)) == (
+        "DC0_C0_H0", "poweredOn", ["grid_t4-8q"])
+    [vgpu] = Vgpu.objects.filter(vm=world.vm).select_related("gpu__host")
+    assert (vgpu.gpu.host, vgpu.profile.name) == (other.host, "T4-8Q")
+
+
+def test_a_gpu_that_vsphere_finds_full_gets_the_vm_its_old_vgpu_back(
+        vcsim, vcenter_admin, settings, artist, artist_api, admin_api):
+    world = esx_world(vcsim, artist, admin_api, "DC0_H0_VM0")
+    # The inventory has lost DC0_H0_VM2's 8Q on the second T4 and keeps a 4Q on the first that
+    # vCenter does not run: placement chooses the second T4, which vSphere finds full.
+    Vgpu.objects.filter(vm__name="DC0_H0_VM2").delete()
+    place(admin_api, VirtualMachineFactory(name="ws-render-node", ram_gib=1), world.gpus[GPU_A], "T4-4Q")
+
+    done = operations.run(approve_now(world, "T4-8Q", admin_api, artist_api).pk)
+
+    assert done.status == OperationStatus.ROLLED_BACK, done.error
+    assert "cannot take another GRID T4-8Q vGPU now" in done.error
+    real = vm_named(vcenter_admin, "DC0_H0_VM0")
+    assert (real.runtime.powerState, vgpu_backings(real)) == ("poweredOn", ["grid_t4-4q"])
+    backend = open_backend(vcsim.uri(), secret_ref=vcsim.secret_ref)
+    assert [d.id for d in backend.domain(str(world.vm.uuid)).vgpus] == [world.device.id]
+    backend.close()
+    vgpu = Vgpu.objects.get(vm=world.vm)
+    assert (vgpu.profile.name, vgpu.device_id) == ("T4-4Q", world.device.id)
+    assert ResizeRequest.objects.get(pk=done.request_id).status == ResizeStatus.FAILED
