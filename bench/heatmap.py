@@ -109,9 +109,10 @@ GROUP BY gpu_id, bucket
 ORDER BY bucket, gpu_id
 """
 
-# The raw-sample matrix: the same cells (avg util_gpu per GPU and 300 s bucket), from samples.
+# The raw-sample matrix: the same cells (avg util_gpu per GPU and 300 s bucket), from samples (the
+# samples keep whole percents, whose avg PostgreSQL gives as numeric: read as the rollups are, a double).
 _RAW_SQL = """
-SELECT gpu_id, CAST(floor((date_part('epoch', ts) - %s) / %s) AS INTEGER), avg(util_gpu)
+SELECT gpu_id, CAST(floor((date_part('epoch', ts) - %s) / %s) AS INTEGER), CAST(avg(util_gpu) AS double precision)
 FROM telemetry_gpusample WHERE ts >= %s AND ts < %s
 GROUP BY 1, 2
 """
