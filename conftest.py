@@ -122,15 +122,6 @@ def _empty_read_cache(settings):
     read_cache.clear()
 
 
-@pytest.fixture(autouse=True)
-def _sessions_in_the_database(settings):
-    """Sessions in the database, as the settings choose for the tests' cache, whatever cache the
-    environment names (REDIS_URL would choose identity.session_store, which reads sessions through
-    Redis: faults/test_session_cache.py runs it against a Redis of its own). A test rolls its
-    rows back, the session rows too, but nothing rolls a cache back."""
-    settings.SESSION_ENGINE = "django.contrib.sessions.backends.db"
-
-
 @pytest.fixture
 def admin_user(db):
     return UserFactory(username="admin", is_staff=True, is_superuser=True)

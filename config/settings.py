@@ -390,10 +390,9 @@ def cache_key_prefix(database: dict) -> str:
 
 
 CACHES = {"default": {**cache_backend(CACHE_URL), "KEY_PREFIX": cache_key_prefix(DATABASES["default"])}}
-# With Redis as the cache, sessions are read through it and kept in the database (a page's session
-# costs a GET, not a query; identity/session_store.py); other caches leave them to the database.
-if CACHES["default"]["BACKEND"] == "config.redis_cache.RedisCache":
-    SESSION_ENGINE = "identity.session_store"
+# Sessions are kept in the database and, with Redis as the cache, read through it (a page's session
+# costs a GET, not a query; identity/session_store.py).
+SESSION_ENGINE = "identity.session_store"
 READ_CACHE_ENABLED = env_bool("READ_CACHE_ENABLED", default=True) and not CACHE_URL.startswith("none://")
 
 # Deployments (or test runs) sharing one Redis keep apart by queue name.

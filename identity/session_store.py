@@ -1,9 +1,11 @@
-"""The session engine of a deployment whose cache is Redis: sessions kept in the database and
-read through the cache, as Django's cached_db does, so that a page costs a Redis GET instead of
-a query for its session (config/settings.py chooses it; other caches keep the database engine).
+"""The session engine: sessions kept in the database, and read through the cache when the cache is
+Redis, as Django's cached_db does, so that a page costs a Redis GET instead of a query for its
+session. With any other cache (the embedded mode's folder, a test's process memory) the store is
+Django's database store: a copy in a cache only one process sees, or one slower than the database,
+would be no gain.
 
 The database stays the record: every save and delete goes to it first, then to the cache. Two
-differences from Django's store:
+differences from Django's cached_db:
 
 - A cache that cannot be reached costs its speed, never the page. Django's store reads the
   session from the database when the cache fails, then lets the failed write of what it read
@@ -22,6 +24,8 @@ import time
 
 from django.contrib.sessions.backends import cached_db
 from django.contrib.sessions.backends.db import SessionStore as DatabaseStore
+
+from config.redis_cache import RedisCache
 
 logger = logging.getLogger(__name__)
 
@@ -45,7 +49,13 @@ def _cache_failed(what: str, exc: Exception) -> None:
 
 
 class SessionStore(cached_db.SessionStore):
+    def __init__(self, session_key=None):
+        super().__init__(session_key)
+        self._through_cache = isinstance(self._cache, RedisCache)
+
     def load(self):
+        if not self._through_cache:
+            return DatabaseStore.load(self)
         data = None
         if _cache_usable():
             try:
@@ -62,7 +72,7 @@ class SessionStore(cached_db.SessionStore):
         return data
 
     def exists(self, session_key):
-        if session_key and _cache_usable():
+        if session_key and self._through_cache and _cache_usable():
             try:
                 if (self.cache_key_prefix + session_key) in self._cache:
                     return True
@@ -77,7 +87,7 @@ class SessionStore(cached_db.SessionStore):
     def delete(self, session_key=None):
         DatabaseStore.delete(self, session_key)
         session_key = session_key or self.session_key
-        if session_key is None:
+        if session_key is None or not self._through_cache:
             return
         try:  # tried even while backing off: a copy left behind would sign the user in
             self._cache.delete(self.cache_key_prefix + session_key)
@@ -85,7 +95,7 @@ class SessionStore(cached_db.SessionStore):
             _cache_failed("delete", exc)
 
     def _keep(self, data: dict, expiry_age: int) -> None:
-        if not _cache_usable():
+        if not self._through_cache or not _cache_usable():
             return
         try:
             self._cache.set(self.cache_key, data, min(CACHE_S, expiry_age))

@@ -44,8 +44,15 @@ class GpuFactory(factory.django.DjangoModelFactory):
 
     host = factory.SubFactory(HostFactory)
     gpu_model = factory.LazyFunction(gpu_model)
-    pci_bus_id = factory.Sequence(lambda n: f"00000000:{(n % 250) + 1:02X}:00.0")
     uuid = factory.Sequence(lambda n: f"GPU-{n:08d}-0000-0000-0000-000000000000")
+
+    @factory.lazy_attribute_sequence
+    def pci_bus_id(self, n):
+        """The sequence's next bus id that the host does not hold yet: tests' worlds give some GPUs
+        a bus id of their own (00000000:3B:00.0), which the sequence would come round to."""
+        taken = set(Gpu.objects.filter(host=self.host).values_list("pci_bus_id", flat=True)) if self.host.pk else set()
+        return next(bus_id for i in range(251)
+                    if (bus_id := f"00000000:{((n + i) % 250) + 1:02X}:00.0") not in taken)
 
 
 class ArtistFactory(factory.django.DjangoModelFactory):

@@ -362,3 +362,20 @@ def test_sessions_kept_in_signed_cookies_are_refused_by_a_system_check(settings)
 
     assert error.id == "identity.E001"
     assert "cannot end it" in error.msg
+
+
+def test_with_a_cache_only_this_process_sees_sessions_are_read_from_the_database(ana):
+    """The session engine reads through the cache only when it is Redis (identity/session_store.py,
+    faults/test_session_cache.py); a cache of one process's memory, as the tests' and the embedded
+    mode's own, would let each process serve its own stale copy."""
+    from django.conf import settings
+    from django.core.cache import cache
+
+    from identity.session_store import SessionStore
+
+    browser = sign_in("ana")
+    with CaptureQueriesContext(connection) as captured:
+        assert signed_in(browser)
+    assert any("django_session" in query["sql"] for query in captured.captured_queries)
+    key = browser.cookies[settings.SESSION_COOKIE_NAME].value
+    assert cache.get(SessionStore.cache_key_prefix + key) is None
