@@ -25,10 +25,9 @@ from config.settings import cache_backend
 from faults.services import RedisServer
 from fleet.tests.factories import UserFactory
 from identity import session_store, sessions
+from identity.tests.sessions_world import sign_in, signed_in
 
 pytestmark = [pytest.mark.faults, pytest.mark.django_db]
-
-PASSWORD = "pass-word-123"  # UserFactory's
 
 
 @pytest.fixture
@@ -47,17 +46,6 @@ def redis_server(settings, tmp_path, monkeypatch) -> Iterator[RedisServer]:
 @pytest.fixture
 def ana(db):
     return UserFactory(username="ana")
-
-
-def sign_in(username: str) -> Client:
-    client = Client()
-    response = client.post("/login/", {"username": username, "password": PASSWORD})
-    assert response.status_code == 302, response.content.decode()
-    return client
-
-
-def signed_in(client: Client) -> bool:
-    return client.get("/me/").status_code == 200
 
 
 def same_session(client: Client) -> Client:

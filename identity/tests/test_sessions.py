@@ -9,6 +9,7 @@ from datetime import timedelta
 
 import pytest
 from django.contrib.sessions.models import Session
+from django.core.cache import cache
 from django.db import connection
 from django.test import Client
 from django.test.utils import CaptureQueriesContext
@@ -18,6 +19,7 @@ from fleet.models import AuditEvent
 from fleet.tests.factories import UserFactory
 from identity import sessions
 from identity.models import UserSession, method_of
+from identity.session_store import SessionStore
 from identity.tests.sessions_world import (
     FIREFOX,
     IDLE,
@@ -364,15 +366,10 @@ def test_sessions_kept_in_signed_cookies_are_refused_by_a_system_check(settings)
     assert "cannot end it" in error.msg
 
 
-def test_with_a_cache_only_this_process_sees_sessions_are_read_from_the_database(ana):
+def test_with_a_cache_only_this_process_sees_sessions_are_read_from_the_database(ana, settings):
     """The session engine reads through the cache only when it is Redis (identity/session_store.py,
     faults/test_session_cache.py); a cache of one process's memory, as the tests' and the embedded
     mode's own, would let each process serve its own stale copy."""
-    from django.conf import settings
-    from django.core.cache import cache
-
-    from identity.session_store import SessionStore
-
     browser = sign_in("ana")
     with CaptureQueriesContext(connection) as captured:
         assert signed_in(browser)
