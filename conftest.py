@@ -37,6 +37,7 @@ SLOW_PATHS = (
     "faults/",
     "fleet/tests/test_placement_properties.py",
     "hypervisors/tests/test_end_to_end_libvirt.py",
+    "hypervisors/tests/test_end_to_end_proxmox.py",
     "hypervisors/tests/test_end_to_end_vsphere.py",
     "hypervisors/tests/test_libvirt_backend.py",
     "hypervisors/tests/test_vsphere.py",

@@ -422,8 +422,8 @@ CELERY_BROKER_CONNECTION_MAX_RETRIES = None
 HYPERVISOR_SECRETS_DIR = Path(env_str("HYPERVISOR_SECRETS_DIR", str(BASE_DIR / "var" / "secrets")))
 HYPERVISOR_SIM_DIR = Path(env_str("HYPERVISOR_SIM_DIR", str(BASE_DIR / "var" / "sim-hypervisors")))
 HYPERVISOR_SHUTDOWN_TIMEOUT_S = env_float("HYPERVISOR_SHUTDOWN_TIMEOUT_S", 300.0)
-# The CA that signed vCenter's certificate (a PEM file), for every vsphere:// link without a
-# cafile= of its own; empty: the system's trusted CAs.
+# The CA that signed vCenter's or Proxmox VE's certificate (a PEM file), for every vsphere:// and
+# proxmox:// link without a cafile= of its own; empty: the system's trusted CAs.
 HYPERVISOR_CA_FILE = env_str("HYPERVISOR_CA_FILE", "")
 # A running operation whose worker has given no sign for this long is resumed by another; one
 # stopped on an unreachable hypervisor is tried again after HYPERVISOR_RETRY_S. The last step

@@ -6,7 +6,9 @@ malformed link when it is typed, not when an operation first uses it. Pure: no D
 - `hypervisor_uri`: a libvirt URI (`qemu+ssh://root@node-01/system`, `qemu+tls://node-01/system`,
   `qemu:///system` for a worker on the host itself, `test+unix:///default?socket=...` for
   libvirt's test driver), `vsphere://USER@VCENTER/?datacenter=DC&host=ESXI` for an ESXi host
-  through its vCenter (`insecure=1` for a lab without certificate checking), or `sim://NAME` for
+  through its vCenter (`insecure=1` for a lab without certificate checking),
+  `proxmox://USER@REALM@NODE:8006/` for a Proxmox VE node (`?node=NAME` where the server is
+  another node of its cluster; `USER@REALM!TOKEN@...` signs in with an API token), or `sim://NAME` for
   the simulated hypervisor of the demo. Empty: the host is not linked, and the product changes
   only its own inventory for it.
 - `hypervisor_secret_ref`: the name of a file in HYPERVISOR_SECRETS_DIR holding a password, an
@@ -23,8 +25,10 @@ LIBVIRT_DRIVERS = ("qemu", "test", "lxc", "xen", "ch")
 LIBVIRT_TRANSPORTS = ("", "ssh", "tls", "tcp", "unix", "libssh", "libssh2", "ext")
 SIM_SCHEME = "sim"
 VSPHERE_SCHEME = "vsphere"
+PROXMOX_SCHEME = "proxmox"
 EXAMPLES = ("qemu+ssh://root@node-01/system, qemu:///system, "
-            "vsphere://administrator@vsphere.local@vcenter-01/?datacenter=DC&host=esx-01 or sim://node-01")
+            "vsphere://administrator@vsphere.local@vcenter-01/?datacenter=DC&host=esx-01, "
+            "proxmox://root@pam@pve-01:8006/ or sim://node-01")
 
 _SECRET_REF = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
 
@@ -51,11 +55,17 @@ def check_uri(text: str) -> str:
             raise InvalidLink("A vSphere URI names the user and vCenter (or the ESXi host): "
                               "vsphere://administrator@vsphere.local@vcenter-01/?datacenter=DC&host=esx-01.")
         return value
+    if scheme == PROXMOX_SCHEME:
+        user = (parts.username or "").partition("!")[0]
+        if not parts.hostname or "@" not in user:
+            raise InvalidLink("A Proxmox VE URI names the user with its realm and the node: "
+                              "proxmox://root@pam@pve-01:8006/ (or root@pam!TOKEN@... for an API token).")
+        return value
     driver, _, transport = scheme.partition("+")
     if driver not in LIBVIRT_DRIVERS or transport not in LIBVIRT_TRANSPORTS or "://" not in value:
         raise InvalidLink(f"Unknown hypervisor URI scheme {parts.scheme or value!r}: use a libvirt URI "
                           f"({', '.join(d + '://' for d in LIBVIRT_DRIVERS[:2])}, with +ssh, +tls, … for a "
-                          f"remote host), vsphere:// or sim://, e.g. {EXAMPLES}.")
+                          f"remote host), vsphere://, proxmox:// or sim://, e.g. {EXAMPLES}.")
     if transport in ("ssh", "tls", "tcp", "libssh", "libssh2") and not parts.hostname:
         raise InvalidLink(f"A remote hypervisor URI names its host: {driver}+{transport}://node-01/system.")
     return value
@@ -67,6 +77,10 @@ def is_simulated(uri: str) -> bool:
 
 def is_vsphere(uri: str) -> bool:
     return urlsplit(uri).scheme.lower() == VSPHERE_SCHEME
+
+
+def is_proxmox(uri: str) -> bool:
+    return urlsplit(uri).scheme.lower() == PROXMOX_SCHEME
 
 
 def check_secret_ref(text: str) -> str:

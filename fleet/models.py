@@ -161,13 +161,15 @@ class Host(models.Model):
     )
     hypervisor_uri = models.CharField(
         "hypervisor URI", max_length=500, blank=True, validators=[validate_hypervisor_uri],
-        help_text="The hypervisor this product acts on, e.g. qemu+ssh://root@node-01/system, qemu:///system "
-                  "or sim://node-01 (the demo's simulator); empty: the product changes only its inventory",
+        help_text="The hypervisor this product acts on: libvirt/KVM (qemu+ssh://root@node-01/system, "
+                  "qemu:///system), VMware vSphere (vsphere://administrator@vsphere.local@vcenter-01/"
+                  "?datacenter=DC&host=esx-01), Proxmox VE (proxmox://root@pam@pve-01:8006/) or sim://node-01 "
+                  "(the demo's simulator); empty: the product changes only its inventory",
     )
     hypervisor_secret_ref = models.CharField(
         "hypervisor secret", max_length=100, blank=True, validators=[validate_secret_ref],
-        help_text="Name of a file in the secrets folder (HYPERVISOR_SECRETS_DIR) holding the password, SSH key "
-                  "or TLS material; the secret itself is never stored here",
+        help_text="Name of a file in the secrets folder (HYPERVISOR_SECRETS_DIR) holding the password, API "
+                  "token secret, SSH key or TLS material; the secret itself is never stored here",
     )
     created_at = models.DateTimeField(auto_now_add=True)
 

@@ -32,7 +32,7 @@ import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from hypervisors.backends.base import DeviceKind, Domain, VgpuDevice
+from hypervisors.backends.base import Domain, VgpuDevice
 from hypervisors.matching import match_profile
 
 MIB_PER_GIB = 1024
@@ -92,9 +92,10 @@ class HostInventory:
 
 
 def _unplaced(device: VgpuDevice) -> bool:
-    """A vSphere vGPU of a VM that is off: ESXi picks its GPU at power on, so it is on none yet
-    (and any GPU of the right model agrees with the inventory)."""
-    return device.kind == DeviceKind.VMIOP and not device.gpu_bus_id
+    """A vGPU on no GPU yet: a vSphere VM's that is off (ESXi picks its GPU at power on), or a
+    Proxmox VE VM's through a cluster resource mapping (the node picks one of the mapping's GPUs at
+    start). Any GPU of the right model agrees with the inventory."""
+    return not device.gpu_bus_id
 
 
 def ram_gib_of(ram_mib: int) -> int:

@@ -501,8 +501,37 @@ def _created(current: Run) -> list[VgpuDevice]:
 
 def _redefine(current: Run, step: OperationStep):
     backend = current.where()
-    backend.redefine(current.uuid, _spec(current, backend, tuple(_created(current))))
-    return {"vgpus": [d.id for d in _created(current)]}, False
+    created = _created(current)
+    backend.redefine(current.uuid, _spec(current, backend, tuple(created)))
+    held = _named(created, backend.domain(current.uuid).vgpus)
+    renamed = {old: new for old, new in held.items() if old != new}
+    return {"vgpus": [held[d.id] for d in created], "named": renamed}, False
+
+
+def _named(created: list[VgpuDevice], held: tuple[VgpuDevice, ...]) -> dict[str, str]:
+    """Each created device's id as the VM's definition now holds it. Most hypervisors keep the id a
+    device was made with; Proxmox VE names a vGPU itself when the definition takes it (its slot and
+    the VM's id make the UUID), so a device not found by id is the held one on the same GPU, of the
+    same type, that no other created device is."""
+    named = {d.id: d.id for d in created if any(h.id == d.id for h in held)}
+    spare = [h for h in held if h.id not in named.values() and h.id not in {d.id for d in created}]
+    for device in created:
+        if device.id in named:
+            continue
+        match = next((h for h in spare if (h.gpu_bus_id, h.type_name) == (device.gpu_bus_id, device.type_name)),
+                     None)
+        if match is not None:
+            spare.remove(match)
+            named[device.id] = match.id
+        else:
+            named[device.id] = device.id  # not held at all: the verify step says so
+    return named
+
+
+def _held_ids(current: Run) -> dict[str, str]:
+    """Created device id -> the id the hypervisor holds it under (see `_named`)."""
+    result = current.operation.steps.filter(kind=StepKind.REDEFINE).values_list("result", flat=True).first() or {}
+    return result.get("named", {})
 
 
 def _move(current: Run, step: OperationStep):
@@ -527,7 +556,8 @@ def _verify(current: Run, step: OperationStep):
     agent's confirmation is recorded when it comes within HYPERVISOR_VERIFY_WAIT_S."""
     op = current.operation
     domain = current.target.domain(current.uuid)
-    expected = {d.id for d in _created(current)}
+    named = _held_ids(current)
+    expected = {named.get(d.id, d.id) for d in _created(current)}
     found = {d.id for d in domain.vgpus}
     if found != expected:
         raise HypervisorError(f"{op.vm.name} holds vGPU devices {sorted(found) or 'none'} after the change; "
@@ -615,7 +645,8 @@ def _next_in_batch(operation: Operation) -> None:
 
 def _succeed(current: Run) -> None:
     op = current.operation
-    devices = {step.args["vgpu_id"]: step.result["device"]["id"]
+    named = _held_ids(current)
+    devices = {step.args["vgpu_id"]: named.get(step.result["device"]["id"], step.result["device"]["id"])
                for step in op.steps.filter(kind=StepKind.CREATE_VGPU) if step.result.get("device")}
     verify = op.steps.filter(kind=StepKind.VERIFY).values_list("result", flat=True).first() or {}
     with transaction.atomic():

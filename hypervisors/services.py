@@ -289,6 +289,9 @@ def _apply_new(host: Host, entry: dict, outcome: Outcome) -> None:
     outcome.say(f"Created VM {vm.name} ({vm.vcpus} vCPUs, {vm.ram_gib} GiB).")
     gpus = {gpu.pci_bus_id: gpu for gpu in Gpu.objects.filter(host=host).select_related("gpu_model", "host")}
     for row in entry["vgpus"]:
+        if row["profile"] is not None and not row["gpu_bus_id"]:
+            _place_unplaced(vm, row, [gpu for _, gpu in sorted(gpus.items())], outcome)
+            continue
         gpu = gpus.get(row["gpu_bus_id"])
         if gpu is None or row["profile"] is None:
             why = next((n for n in entry["vgpu_notes"] if row["device_id"] in n), "no matching GPU or profile")
@@ -306,6 +309,26 @@ def _apply_new(host: Host, entry: dict, outcome: Outcome) -> None:
     vm.refresh_from_db()
     if vm.host_id is None:
         _host_without_vgpu(vm, host, outcome)
+
+
+def _place_unplaced(vm: VirtualMachine, row: dict, gpus: list[Gpu], outcome: Outcome) -> None:
+    """A vGPU the hypervisor puts on a GPU only at start (a vSphere VM that is off, a Proxmox VE
+    resource mapping): the inventory holds it on the first GPU of its model, in address order,
+    that placement's rules let take it, as the hypervisor would."""
+    profile = VgpuProfile.objects.select_related("gpu_model").get(name=row["profile"])
+    refusals = []
+    for gpu in (g for g in gpus if g.gpu_model_id == profile.gpu_model_id):
+        try:
+            vgpu = fleet_services.place_vgpu(vm, gpu, profile)
+        except PlacementError as exc:
+            refusals.append(f"GPU {gpu.pci_bus_id}: {exc}")
+            continue
+        record_device_id(vgpu.pk, row["device_id"])
+        outcome.say(f"Placed {profile.name} on GPU {gpu.pci_bus_id} (device {row['device_id']}; the hypervisor "
+                    "picks its GPU at start, this is the first with room).")
+        return
+    why = "; ".join(refusals) or f"the host has no {profile.gpu_model.name}"
+    outcome.say(f"vGPU {row['device_id']} ({profile.name}) not placed: {why}.", refused=True)
 
 
 def _host_without_vgpu(vm: VirtualMachine, host: Host, outcome: Outcome) -> None:

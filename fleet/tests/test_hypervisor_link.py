@@ -3,7 +3,7 @@ secret reference cannot work, instead of when the first approval tries to use it
 
 import pytest
 
-from fleet.hypervisor_link import InvalidLink, check_secret_ref, check_uri, is_simulated, is_vsphere
+from fleet.hypervisor_link import InvalidLink, check_secret_ref, check_uri, is_proxmox, is_simulated, is_vsphere
 
 
 @pytest.mark.parametrize("uri", [
@@ -11,8 +11,9 @@ from fleet.hypervisor_link import InvalidLink, check_secret_ref, check_uri, is_s
     "test+unix:///default?socket=/tmp/x/libvirt-sock", "test:///default", "sim://node-01", "",
     "vsphere://administrator@vsphere.local@vcenter-01:443/?datacenter=DC&host=esx-01",
     "vsphere://lab@127.0.0.1:8989/?insecure=1",
+    "proxmox://root@pam@pve-01:8006/", "proxmox://root@pam!vgpu-dashboard@10.0.0.5/?node=pve-01",
 ])
-def test_libvirt_vsphere_and_simulated_uris_are_accepted(uri):
+def test_libvirt_vsphere_proxmox_and_simulated_uris_are_accepted(uri):
     assert check_uri(f"  {uri} ") == uri
 
 
@@ -22,6 +23,8 @@ def test_libvirt_vsphere_and_simulated_uris_are_accepted(uri):
     ("qemu+ssh:///system", "names its host"),
     ("sim://", "named after the host"),
     ("vsphere://vcenter-01/?datacenter=DC", "names the user and vCenter"),
+    ("proxmox://pve-01:8006/", "names the user with its realm"),
+    ("proxmox://root@pve-01:8006/", "root@pam@pve-01"),
     ("qemu:///system\nx", "one line"),
 ])
 def test_a_uri_that_cannot_work_is_refused_with_what_to_type(uri, says):
@@ -36,11 +39,13 @@ def test_a_secret_is_named_never_given_as_a_path():
             check_secret_ref(bad)
 
 
-def test_sim_and_vsphere_uris_are_told_apart():
+def test_sim_vsphere_and_proxmox_uris_are_told_apart():
     assert is_simulated("sim://node-01")
     assert not is_simulated("qemu:///system")
     assert is_vsphere("VSphere://root@esx-01/")
     assert not is_vsphere("sim://node-01")
+    assert is_proxmox("proxmox://root@pam@pve-01:8006/")
+    assert not is_proxmox("vsphere://root@esx-01/")
 
 
 @pytest.mark.django_db

@@ -1,10 +1,10 @@
 """Open the backend a host's `hypervisor_uri` names: `sim://` the demo's simulator, `vsphere://`
-VMware vSphere (pyvmomi), any other URI libvirt (an optional dependency: without libvirt-python,
-MissingDependency says what to install)."""
+VMware vSphere (pyvmomi), `proxmox://` Proxmox VE (proxmoxer), any other URI libvirt (an
+optional dependency: without libvirt-python, MissingDependency says what to install)."""
 
 from __future__ import annotations
 
-from fleet.hypervisor_link import is_simulated, is_vsphere
+from fleet.hypervisor_link import is_proxmox, is_simulated, is_vsphere
 from hypervisors.backends.base import Backend, DeviceManager, MissingDependency
 
 __all__ = ["open_backend"]
@@ -21,6 +21,10 @@ def open_backend(uri: str, *, secret_ref: str = "", devices: DeviceManager | Non
         from hypervisors.backends.vsphere import VsphereBackend
 
         return VsphereBackend.open(uri, secret_ref=secret_ref, devices=devices)
+    if is_proxmox(uri):
+        from hypervisors.backends.proxmox import ProxmoxBackend
+
+        return ProxmoxBackend.open(uri, secret_ref=secret_ref, devices=devices)
     try:
         from hypervisors.backends.libvirt import LibvirtBackend
     except ImportError as exc:  # libvirt-python absent: the module imports it at the top

@@ -32,8 +32,6 @@ import contextlib
 import json
 import logging
 import re
-import socket
-import ssl
 import time
 import uuid as uuidlib
 from collections.abc import Iterable
@@ -46,10 +44,10 @@ from pyVim import connect
 from pyVmomi import vim, vmodl
 
 from fleet.pci import InvalidPciBusId, normalize_pci_bus_id
+from hypervisors.backends import in_definition, reach
 from hypervisors.backends.base import (
     Backend,
     ConnectionCheck,
-    DeviceBusy,
     DeviceKind,
     DeviceManager,
     Domain,
@@ -69,8 +67,7 @@ log = logging.getLogger(__name__)
 
 SCHEME = "vsphere"
 DEFAULT_PORT = 443
-#: How long connecting (TCP and TLS) and each SOAP call may take.
-CONNECT_TIMEOUT_S = 15.0
+#: How long each SOAP call may take (connecting: `reach.CONNECT_TIMEOUT_S`).
 CALL_TIMEOUT_S = 60.0
 #: How long a vSphere task (power on, reconfigure, relocate) may run before the backend gives up on it.
 TASK_TIMEOUT_S = 600.0
@@ -164,47 +161,6 @@ def parse_uri(uri: str) -> Target:
                   cafile=query.get("cafile", "") or settings.HYPERVISOR_CA_FILE)
 
 
-def _ssl_context(target: Target) -> ssl.SSLContext:
-    if target.insecure:
-        context = ssl.create_default_context()
-        context.check_hostname = False
-        context.verify_mode = ssl.CERT_NONE
-        return context
-    try:
-        return ssl.create_default_context(cafile=target.cafile or None)
-    except (OSError, ssl.SSLError) as exc:
-        raise Unreachable(f"The CA file {target.cafile} for {target.where} cannot be used: "
-                          f"{getattr(exc, 'strerror', None) or exc}.") from None
-
-
-def _probe(target: Target, context: ssl.SSLContext) -> None:
-    """Reach the server and finish a TLS handshake, within CONNECT_TIMEOUT_S: what fails here is
-    DNS, the network or TLS, said in those words."""
-    try:
-        with socket.create_connection((target.server, target.port), timeout=CONNECT_TIMEOUT_S) as raw, \
-                context.wrap_socket(raw, server_hostname=target.server):
-            return
-    except socket.gaierror:
-        raise Unreachable(f"Could not find {target.server}: the name does not resolve (DNS). Check the host name "
-                          "in the hypervisor URI, or use vCenter's IP address.") from None
-    except ssl.SSLCertVerificationError as exc:
-        raise Unreachable(
-            f"The TLS certificate of {target.where} is not trusted ({exc.verify_message}). Give the CA that signed "
-            "it (cafile=/path/ca.pem in the URI, or HYPERVISOR_CA_FILE), or add insecure=1 to the URI for a lab "
-            "without certificate checking.") from None
-    except ssl.SSLError as exc:
-        raise Unreachable(f"TLS with {target.where} failed ({exc.reason or exc}): is this port vCenter's HTTPS "
-                          "port (443)?") from None
-    except ConnectionRefusedError:
-        raise Unreachable(f"{target.where} refused the connection: nothing listens on port {target.port} there. "
-                          "Check the address and the port of vCenter (443 by default).") from None
-    except TimeoutError:
-        raise Unreachable(f"{target.where} did not answer within {CONNECT_TIMEOUT_S:g} s (a firewall, or the "
-                          "wrong address).") from None
-    except OSError as exc:
-        raise Unreachable(f"Could not reach {target.where}: {exc.strerror or exc}.") from None
-
-
 def _fault_text(fault: BaseException) -> str:
     message = getattr(fault, "msg", "") or ""
     name = type(fault).__name__.rpartition(".")[2]
@@ -258,7 +214,7 @@ def _log_out(si) -> None:
         si._stub.DropConnections()
 
 
-class VsphereBackend:
+class VsphereBackend(in_definition.DevicesInDefinition):
     """One link to one ESXi host through vCenter (see the module docstring)."""
 
     def __init__(self, si: vim.ServiceInstance, uri: str, target: Target, datacenter: vim.Datacenter,
@@ -269,7 +225,7 @@ class VsphereBackend:
         self._target = target
         self._datacenter = datacenter
         self._host_mo = host
-        self._host_name = host.name
+        self._host_name = self._where_name = host.name
 
     @classmethod
     def open(cls, uri: str, *, secret_ref: str = "", devices: DeviceManager | None = None) -> VsphereBackend:
@@ -281,8 +237,8 @@ class VsphereBackend:
             raise Unreachable(f"{shown(uri)} needs a password: put it in a file in the secrets folder and name "
                               "that file as the host's secret reference.")
         password = read_password(secret_path(secret_ref, uri), secret_ref, uri)
-        context = _ssl_context(target)
-        _probe(target, context)
+        context = reach.ssl_context(target.where, insecure=target.insecure, cafile=target.cafile)
+        reach.probe(target.server, target.port, context, service="vCenter", default_port=DEFAULT_PORT)
         try:
             stub = connect.SmartStubAdapter(host=target.server, port=target.port, sslContext=context,
                                             httpConnectionTimeout=CALL_TIMEOUT_S)
@@ -602,16 +558,10 @@ class VsphereBackend:
                     used.setdefault(device.gpu_bus_id, []).append(vsphere_type(device.type_name))
         return used
 
-    def vgpu_devices(self) -> list[VgpuDevice]:
-        return sorted((d for domain in self.list_domains() for d in domain.vgpus), key=lambda d: (d.gpu_bus_id, d.id))
-
     def create_vgpu(self, gpu_bus_id: str, type_name: str, *, device_id: str = "") -> VgpuDevice:
         """vSphere makes a vGPU when the VM that holds it powers on: this checks that the GPU can
         take one of the type now and names the device, which `redefine` then adds to the VM."""
-        try:
-            bus = normalize_pci_bus_id(gpu_bus_id)
-        except InvalidPciBusId as exc:
-            raise HypervisorError(str(exc)) from None
+        bus = in_definition.gpu_bus_id(gpu_bus_id)
         offered = [t for t in self.vgpu_types() if t.gpu_bus_id == bus]
         if not offered:
             raise NoInstanceAvailable(f"{self._host_name} has no vGPU-capable GPU at {bus} (graphicsInfo lists "
@@ -625,17 +575,6 @@ class VsphereBackend:
         new_id = str(uuidlib.UUID(device_id)) if device_id else str(uuidlib.uuid4())
         return VgpuDevice(kind=DeviceKind.VMIOP, id=new_id, gpu_bus_id=bus, type_name=match.name)
 
-    def remove_vgpu(self, device: VgpuDevice) -> None:
-        """A vGPU goes with the VM configuration that holds it: a device still held by a VM is taken
-        out of it (DeviceBusy while that VM runs); one no VM holds is gone already."""
-        for domain in self.list_domains():
-            if any(d.id == device.id for d in domain.vgpus):
-                if domain.state != PowerState.SHUT_OFF:
-                    raise DeviceBusy(f"The vGPU {device.id} is in use by {domain.name}, which is running on "
-                                     f"{self._host_name}; shut it down first.")
-                kept = tuple(d for d in domain.vgpus if d.id != device.id)
-                self.redefine(domain.uuid, DomainSpec(vcpus=domain.vcpus, ram_mib=domain.ram_mib, vgpus=kept))
-
     # Definitions -------------------------------------------------------------------------------
 
     def _reconfigure(self, vm, spec: vim.vm.ConfigSpec, action: str) -> None:
@@ -646,9 +585,7 @@ class VsphereBackend:
         self._wait(task, action)
 
     def redefine(self, uuid: str, spec: DomainSpec) -> None:
-        if spec.vcpus < 1 or spec.ram_mib < 1:
-            raise HypervisorError(f"A VM needs at least one vCPU and some RAM (asked: {spec.vcpus} vCPUs, "
-                                  f"{spec.ram_mib} MiB).")
+        in_definition.check_spec(spec)
         vm, props = self._lookup(uuid)
         name = props.get("name", uuid)
         current = {d.id: (raw, d) for raw, d in zip(sorted(self._vgpu_devices(props), key=lambda d: d.key),
@@ -709,15 +646,7 @@ class VsphereBackend:
         }, sort_keys=True)
 
     def restore(self, uuid: str, saved: str) -> None:
-        try:
-            data = json.loads(saved)
-            saved_uuid = str(data.get("uuid", "")).lower()
-        except (ValueError, AttributeError):
-            raise HypervisorError(f"The saved definition of {uuid} is not one this backend wrote; nothing was "
-                                  "restored.") from None
-        if saved_uuid != uuid.lower():
-            raise HypervisorError(f"The saved definition belongs to VM {saved_uuid or '(no UUID)'}, not {uuid}; "
-                                  "nothing was restored.")
+        data = in_definition.saved_definition(uuid, saved)
         vgpus = tuple(VgpuDevice(kind=DeviceKind.VMIOP, id=row["id"], gpu_bus_id=row.get("gpu_bus_id", ""),
                                  type_name=row.get("type_name", "")) for row in data.get("vgpus", []))
         self.redefine(uuid, DomainSpec(vcpus=int(data["vcpus"]), ram_mib=int(data["ram_mib"]), vgpus=vgpus))

@@ -1,6 +1,6 @@
 """Fixtures of the hypervisors app's tests: private libvirt daemons serving libvirt's test driver,
-and vCenter simulators (the simulated hypervisors' fixtures are in fixtures.py, a plugin of the
-root conftest.py).
+vCenter simulators, and fake Proxmox VE clusters (the simulated hypervisors' fixtures are in
+fixtures.py, a plugin of the root conftest.py).
 
 Without libvirtd or libvirt-python the tests that need them are skipped with the reason, and
 fail under REQUIRE_SERVICES=1 (CI installs both: .ci/run). Without Go or govmomi's source the
@@ -16,6 +16,7 @@ from types import SimpleNamespace
 import pytest
 
 from faults.services import missing_service, require_binary
+from hypervisors.testing import pvefake
 from hypervisors.testing import vcsim as vcsim_harness
 from hypervisors.testing.libvirtd import CANDIDATES, Libvirtd, LibvirtdUnavailable
 
@@ -94,3 +95,16 @@ def vcenter_admin(vcsim):
                       disableSslCertValidation=True)
     yield si
     Disconnect(si)
+
+
+@pytest.fixture
+def pve(settings, tmp_path) -> Iterator[SimpleNamespace]:
+    """A fresh fake Proxmox VE cluster over HTTPS on loopback (hypervisors.testing.pvefake says what
+    it holds), with root@pam's password in the secrets folder under `secret_ref` and its API
+    token's secret under `token_ref`; `uri(node, ...)` links one of its nodes."""
+    settings.HYPERVISOR_SECRETS_DIR = tmp_path / "pve-secrets"
+    settings.HYPERVISOR_SECRETS_DIR.mkdir()
+    (settings.HYPERVISOR_SECRETS_DIR / "pve-root").write_text(pvefake.PASSWORD + "\n")
+    (settings.HYPERVISOR_SECRETS_DIR / "pve-token").write_text(pvefake.TOKEN_SECRET + "\n")
+    with pvefake.PveFake() as server:
+        yield SimpleNamespace(server=server, secret_ref="pve-root", token_ref="pve-token", uri=server.uri)

@@ -14,7 +14,7 @@ import pytest
 from fleet.choices import ResizeStatus
 from fleet.models import ResizeRequest, Vgpu
 from fleet.tests.factories import GpuFactory, HostFactory, VirtualMachineFactory, gpu_model, profile
-from hypervisors import matching, operations, services
+from hypervisors import discovery, matching, operations, services
 from hypervisors.backends import open_backend
 from hypervisors.choices import OperationStatus
 from hypervisors.models import Operation
@@ -27,15 +27,26 @@ def esx_world(vcsim, artist, admin_api, vm_name: str, *, name: str = "esx-01",
               esx: str = "DC0_H0") -> SimpleNamespace:
     """`name` (vCenter's host `esx`) linked through the simulator, with its two T4s and every VM
     the host runs in the inventory as vCenter shows them (device ids included); `vm_name` is Ana's."""
-    host = HostFactory(name=name, hypervisor_uri=vcsim.uri(esx), hypervisor_secret_ref=vcsim.secret_ref)
+    return linked_world(vcsim.uri(esx), vcsim.secret_ref, name, artist, admin_api, vm_name)
+
+
+def linked_world(uri: str, secret_ref: str, name: str, artist, admin_api, vm_name: str, *,
+                 skip: tuple[str, ...] = ()) -> SimpleNamespace:
+    """Host `name` linked to the hypervisor at `uri`, with two T4s (GPU_A, GPU_B) and every VM the
+    hypervisor shows there in the inventory as it shows them (vCPUs, RAM, vGPUs with their device
+    ids), but those named in `skip`; `vm_name` is the artist's (world.vm, its device and profile)."""
+    host = HostFactory(name=name, hypervisor_uri=uri, hypervisor_secret_ref=secret_ref)
     gpus = {bus: GpuFactory(host=host, gpu_model=gpu_model("Tesla T4"), pci_bus_id=bus) for bus in (GPU_A, GPU_B)}
-    backend = open_backend(vcsim.uri(esx), secret_ref=vcsim.secret_ref)
-    domains = backend.list_domains()
+    backend = open_backend(uri, secret_ref=secret_ref)
+    domains = [d for d in backend.list_domains() if d.name not in skip]
     backend.close()
     world = SimpleNamespace(host=host, gpus=gpus)
     for domain in domains:
         owner = {"artist": artist} if domain.name == vm_name else {}
-        vm = VirtualMachineFactory(name=domain.name, uuid=domain.uuid, vcpus=domain.vcpus, ram_gib=1, **owner)
+        if not domain.vgpus:
+            owner["host"] = host  # a VM with a vGPU is on the host its vGPU is
+        vm = VirtualMachineFactory(name=domain.name, uuid=domain.uuid, vcpus=domain.vcpus,
+                                   ram_gib=discovery.ram_gib_of(domain.ram_mib), **owner)
         for device in domain.vgpus:
             held = matching.match_profile(device.type_name, T4_PROFILES)
             place(admin_api, vm, gpus[device.gpu_bus_id], held)
