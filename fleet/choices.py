@@ -26,6 +26,7 @@ class SizeMode(models.TextChoices):
 class Hypervisor(models.TextChoices):
     KVM = "kvm", "Linux KVM"
     ESXI = "esxi", "VMware vSphere ESXi"
+    PROXMOX = "proxmox", "Proxmox VE"
     XENSERVER = "xenserver", "Citrix XenServer"
     NUTANIX = "nutanix", "Nutanix AHV"
     HYPERV = "hyperv", "Microsoft Hyper-V"

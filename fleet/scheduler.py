@@ -43,7 +43,7 @@ RMPVMRL_EQUAL_NO_ARR = 0x03
 RMPVMRL_FIXED_ARR = 0x11
 RMPVMRL_FIXED_NO_ARR = 0x13
 
-HYPERVISORS_WITH_MODPROBE = ("kvm", "xenserver", "nutanix")
+HYPERVISORS_WITH_MODPROBE = ("kvm", "proxmox", "xenserver", "nutanix")  # Proxmox VE: Debian's modprobe.d
 MODPROBE_FILE = "/etc/modprobe.d/nvidia.conf"
 
 NOT_PERSISTENT_ARR = (

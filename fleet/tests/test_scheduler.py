@@ -50,6 +50,8 @@ def test_commands_of_every_combination_match_the_reference(wanted, runtime, valu
          f'options nvidia NVreg_RegistryDwordsPerDevice="pci=0000:86:00.0;RmPVMRL={value}"'),
     ]
     assert kvm.notes == notes
+    # Proxmox VE is Debian with KVM: the same modprobe.d lines.
+    assert scheduler.commands(wanted, GPU, "proxmox", pci_bus_id=GPU).persistent == kvm.persistent
     esxi = scheduler.commands(wanted, GPU, "esxi", pci_bus_id=GPU)
     assert esxi.runtime == runtime
     assert esxi.persistent == [(
