@@ -423,6 +423,7 @@ def _pair(vgpus: Sequence[VgpuRow], devices: Sequence[DeviceRow], gpu_of):
     rules = (
         lambda v, d: bool(v.device_id) and v.device_id.lower() == d.device_id.lower(),
         lambda v, d: v.gpu_id == gpu_of(d) and v.profile == d.profile,
+        lambda v, d: not d.gpu_bus_id and v.profile == d.profile,  # the hypervisor picks its GPU at start
         lambda v, d: v.gpu_id == gpu_of(d),
     )
     for rule in rules:
@@ -451,7 +452,9 @@ def _compare_devices(c: _Vm, domain: DomainRow, seen: set[int]) -> set[int]:
     on_hypervisor = {g for g in (gpu_of(d) for d in domain.devices) if g is not None}
     running = domain.state == "running"
     for vgpu, device in pairs:
-        where = gpu_of(device)
+        # A device on no GPU yet (a vSphere VM that is off, a Proxmox VE resource mapping) is placed
+        # by the hypervisor at start: the inventory's GPU is as good as any of its model.
+        where = gpu_of(device) if device.gpu_bus_id else vgpu.gpu_id
         if where != vgpu.gpu_id:
             hyp, inv = world.gpu_words(where, device.gpu_bus_id, domain.host_id), world.gpu_words(vgpu.gpu_id)
             if where in seen and vgpu.gpu_id not in seen:

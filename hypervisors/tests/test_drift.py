@@ -96,6 +96,16 @@ def test_a_domain_the_inventory_does_not_know_holding_a_vgpu():
     assert "L40S-24Q on 00000000:5E:00.0" in item.hypervisor
 
 
+def test_a_vgpu_the_hypervisor_places_only_at_start_agrees_with_the_inventorys_gpu():
+    """A VM that is off on vSphere, or a Proxmox VE resource mapping: the device names no GPU."""
+    unplaced = replace(DOMAIN, state="shut_off", devices=(DeviceRow(DEV_A, "", "L40S-12Q", "grid_l40s-12q"),))
+    assert find_drift(world(domains=(unplaced,), readings=())) == []
+    other_profile = replace(unplaced, devices=(DeviceRow(DEV_A, "", "L40S-24Q", "grid_l40s-24q"),))
+    item = only(world(domains=(other_profile,), readings=()))
+    assert item.kind == Kind.PROFILE_MISMATCH
+    assert item.message.startswith("ws-a's vGPU on GPU 00000000:3B:00.0 of node-01 is a L40S-24Q on the hypervisor")
+
+
 def test_a_device_of_a_known_vm_the_inventory_does_not_record():
     extra = DeviceRow("dev-extra", BUS_B, "L40S-12Q")
     item = only(world(domains=(replace(DOMAIN, devices=(*DOMAIN.devices, extra)),),
