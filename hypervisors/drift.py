@@ -342,7 +342,8 @@ def _match_domains(vms: Sequence[VmRow], domains: Sequence[DomainRow]):
 
 
 def _devices_words(world: _World, domain: DomainRow) -> str:
-    parts = [f"{d.profile or d.type_name or 'vGPU of unknown type'} on {d.gpu_bus_id or '?'}" for d in domain.devices]
+    parts = [f"{d.profile or d.type_name or 'vGPU of unknown type'} on "
+             f"{d.gpu_bus_id or 'the GPU the hypervisor picks at start'}" for d in domain.devices]
     return f"{domain.state.replace('_', ' ')}, " + (", ".join(parts) if parts else "no vGPU")
 
 

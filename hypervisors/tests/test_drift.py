@@ -104,6 +104,7 @@ def test_a_vgpu_the_hypervisor_places_only_at_start_agrees_with_the_inventorys_g
     item = only(world(domains=(other_profile,), readings=()))
     assert item.kind == Kind.PROFILE_MISMATCH
     assert item.message.startswith("ws-a's vGPU on GPU 00000000:3B:00.0 of node-01 is a L40S-24Q on the hypervisor")
+    assert item.hypervisor.endswith("shut off, L40S-24Q on the GPU the hypervisor picks at start")
 
 
 def test_a_device_of_a_known_vm_the_inventory_does_not_record():
