@@ -13,8 +13,11 @@ The launcher's inventory (see its source): datacenter DC0 with standalone host D
 DC0_C0 (hosts DC0_C0_H0..2); every host has two Tesla T4 GPUs offering grid_t4-1q..16q;
 DC0_H0_VM0 holds a grid_t4-4q vGPU on the first GPU, DC0_H0_VM1 and DC0_H0_VM2 a grid_t4-8q each
 on the second, DC0_C0_RP0_VM0 a grid_t4-2q; DC0_H0_VM2's guest ignores shutdown requests; the
-privileges given as `deny` are refused to the user. Each `Vcsim` is a process of its own with its
-own state, listening on a free loopback port.
+privileges given as `deny` are refused to the user; the task methods given as `hang`
+("ReconfigVM_Task", "PowerOnVM_Task", "RelocateVM_Task", ...) never finish: each such call gets a
+new task that stays "running" for good and leaves the VM as it was (the launcher answers these
+calls itself, since the simulator runs every task to completion before it answers). Each `Vcsim`
+is a process of its own with its own state, listening on a free loopback port.
 """
 
 from __future__ import annotations
@@ -131,10 +134,11 @@ class Vcsim:
     `uri(...)` what a host's `hypervisor_uri` would hold for it; `ca_file` its certificate."""
 
     def __init__(self, *, username: str = USERNAME, password: str = PASSWORD, deny: tuple[str, ...] = (),
-                 binary: Path | None = None):
-        """`deny`: privileges the simulator says the user lacks (it grants every other)."""
+                 hang: tuple[str, ...] = (), binary: Path | None = None):
+        """`deny`: privileges the simulator says the user lacks (it grants every other). `hang`:
+        vSphere task methods (by their SOAP name, "ReconfigVM_Task") whose tasks never finish."""
         self.binary = binary or build()
-        self.username, self.password, self.deny = username, password, deny
+        self.username, self.password, self.deny, self.hang = username, password, deny, hang
         self.folder = Path(tempfile.mkdtemp(prefix="vcsim-"))
         self.ca_file = self.folder / "ca.pem"
         self.log_path = self.folder / "vcsim.log"
@@ -170,7 +174,7 @@ class Vcsim:
         if self.running:
             return
         args = [str(self.binary), "-listen", "127.0.0.1:0", "-username", self.username, "-password", self.password,
-                "-cafile", str(self.ca_file), "-deny", ",".join(self.deny)]
+                "-cafile", str(self.ca_file), "-deny", ",".join(self.deny), "-hang", ",".join(self.hang)]
         with open(self.log_path, "ab") as log:
             self.process = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log,
                                             start_new_session=True)

@@ -15,10 +15,11 @@ from fleet.choices import ResizeStatus
 from fleet.models import ResizeRequest, Vgpu
 from fleet.tests.factories import GpuFactory, HostFactory, VirtualMachineFactory, gpu_model, profile
 from hypervisors import discovery, matching, operations, services
-from hypervisors.backends import open_backend
+from hypervisors.backends import open_backend, vsphere
 from hypervisors.choices import OperationStatus
 from hypervisors.models import Operation
-from hypervisors.tests.test_vsphere import GPU_A, GPU_B, T4_PROFILES, vgpu_backings, vm_named
+from hypervisors.testing.vcsim import Vcsim
+from hypervisors.tests.test_vsphere import GPU_A, GPU_B, T4_PROFILES, admin_session, vgpu_backings, vm_named
 
 pytestmark = pytest.mark.django_db
 
@@ -158,6 +159,31 @@ def test_a_gpu_that_vsphere_finds_full_gets_the_vm_its_old_vgpu_back(
     backend = open_backend(vcsim.uri(), secret_ref=vcsim.secret_ref)
     assert [d.id for d in backend.domain(str(world.vm.uuid)).vgpus] == [world.device.id]
     backend.close()
+    vgpu = Vgpu.objects.get(vm=world.vm)
+    assert (vgpu.profile.name, vgpu.device_id) == ("T4-4Q", world.device.id)
+    assert ResizeRequest.objects.get(pk=done.request_id).status == ResizeStatus.FAILED
+
+
+def test_a_start_that_vsphere_never_finishes_puts_the_old_vgpu_back_and_says_to_check_the_vm(
+        monkeypatch, vcsim_binary, vcenter_secret, artist, artist_api, admin_api):
+    monkeypatch.setattr(vsphere, "TASK_TIMEOUT_S", 0.5)
+    with Vcsim(binary=vcsim_binary, hang=("PowerOnVM_Task",)) as server:
+        world = esx_world(SimpleNamespace(uri=server.uri, secret_ref=vcenter_secret), artist, admin_api, "DC0_H0_VM0")
+
+        done = operations.run(approve_now(world, "T4-8Q", admin_api, artist_api).pk)
+
+        with admin_session(server) as admin:
+            real = vm_named(admin, "DC0_H0_VM0")
+            seen = (real.runtime.powerState, vgpu_backings(real))
+        backend = open_backend(server.uri(), secret_ref=vcenter_secret)
+        device_ids = [d.id for d in backend.domain(str(world.vm.uuid)).vgpus]
+        backend.close()
+    # The new definition is undone, but the VM cannot be started again: the admin is told so.
+    assert done.status == OperationStatus.FAILED, done.error
+    assert "did not start DC0_H0_VM0 within 0.5 s" in done.error
+    assert "check DC0_H0_VM0 by hand" in done.error
+    assert seen == ("poweredOff", ["grid_t4-4q"])
+    assert device_ids == [world.device.id]
     vgpu = Vgpu.objects.get(vm=world.vm)
     assert (vgpu.profile.name, vgpu.device_id) == ("T4-4Q", world.device.id)
     assert ResizeRequest.objects.get(pk=done.request_id).status == ResizeStatus.FAILED

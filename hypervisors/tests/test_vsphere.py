@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import socket
 import uuid as uuidlib
+from contextlib import contextmanager
 
 import pytest
 from pyVmomi import vim
 
 from hypervisors import matching
-from hypervisors.backends import open_backend
+from hypervisors.backends import open_backend, vsphere
 from hypervisors.backends.base import (
     DeviceBusy,
     DeviceKind,
@@ -58,6 +59,20 @@ def vgpu_backings(vm) -> list[str]:
 
 def by_name(backend) -> dict:
     return {domain.name: domain for domain in backend.list_domains()}
+
+
+@contextmanager
+def admin_session(server: Vcsim):
+    """A simulator started by the test itself as its admin sees it (a pyvmomi session of its
+    own), as the `vcenter_admin` fixture gives the fixture's simulator."""
+    from pyVim.connect import Disconnect, SmartConnect
+
+    si = SmartConnect(host=server.host, port=server.port, user=server.username, pwd=server.password,
+                      disableSslCertValidation=True)
+    try:
+        yield si
+    finally:
+        Disconnect(si)
 
 
 # The simulator ---------------------------------------------------------------------------------
@@ -236,6 +251,27 @@ def test_a_failed_task_is_said_with_its_fault(host, vcenter_admin):
     task = vm.PowerOnVM_Task()  # it runs already: vSphere fails the task
     with pytest.raises(HypervisorError, match="could not start DC0_H0_VM1: the task failed with InvalidPowerState"):
         host._wait(task, "start DC0_H0_VM1")
+
+
+def test_a_task_that_never_finishes_is_given_up_on_and_the_vm_is_left_as_it_was(
+        monkeypatch, vcsim_binary, vcenter_secret):
+    monkeypatch.setattr(vsphere, "TASK_TIMEOUT_S", 0.5)
+    with Vcsim(binary=vcsim_binary, hang=("ReconfigVM_Task", "PowerOnVM_Task")) as server:
+        backend = open_backend(server.uri(), secret_ref=vcenter_secret)
+        vm0 = by_name(backend)["DC0_H0_VM0"]
+        with pytest.raises(HypervisorError, match=rf"vSphere \(127\.0\.0\.1:{server.port}\) did not reconfigure "
+                           r"DC0_H0_VM0 within 0\.5 s \(task task-\d+ is still running\)\.$"):
+            backend.redefine(vm0.uuid, DomainSpec(vcpus=vm0.vcpus * 2, ram_mib=vm0.ram_mib * 2, vgpus=vm0.vgpus))
+        backend.shutdown(vm0.uuid, timeout_s=10)
+        with pytest.raises(HypervisorError, match=r"did not start DC0_H0_VM0 within 0\.5 s \(task task-\d+ is "
+                           r"still running\)"):
+            backend.start(vm0.uuid)
+        backend.close()
+        with admin_session(server) as admin:
+            real = vm_named(admin, "DC0_H0_VM0")
+            seen = (real.runtime.powerState, real.config.hardware.numCPU, real.config.hardware.memoryMB,
+                    vgpu_backings(real))
+    assert seen == ("poweredOff", vm0.vcpus, vm0.ram_mib, ["grid_t4-4q"])
 
 
 # The vGPU profile change ---------------------------------------------------------------------

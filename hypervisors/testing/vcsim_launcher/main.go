@@ -10,7 +10,11 @@
 //     first GPU of its host (a VirtualPCIPassthrough device with VmiopBackingInfo, as vSphere
 //     writes it); running VMs are listed on their GPU;
 //   - DC0_H0_VM2 has a stubborn guest: ShutdownGuest is answered but the VM keeps running;
-//   - the privileges named by -deny are refused to the user (HasPrivilegeOnEntity says so).
+//   - the privileges named by -deny are refused to the user (HasPrivilegeOnEntity says so);
+//   - the task methods named by -hang (ReconfigVM_Task, PowerOnVM_Task, RelocateVM_Task, ...)
+//     never finish: such a call is answered with a new Task whose info.state is "running" for
+//     good, and the object it was called on is not changed. The simulator itself runs every task
+//     to completion before it answers, so the request is answered here without being passed on.
 //
 // It listens on -listen (127.0.0.1:0 picks a free port), with TLS unless -tls=false, accepts
 // only -username/-password, writes its certificate to -cafile when given, and prints
@@ -126,10 +130,47 @@ func soapResponse(w http.ResponseWriter, body string) {
 		`<soapenv:Body>`+body+`</soapenv:Body></soapenv:Envelope>`)
 }
 
-// faults answers two requests itself, as vSphere would, without passing them on: ShutdownGuest
-// of the VM `stubbornRef` (the guest is asked and never powers off), and HasPrivilegeOnEntity,
-// where the privileges in `denied` are not granted.
-func faults(next http.Handler, stubbornRef string, denied map[string]bool) http.Handler {
+var thisRef = regexp.MustCompile(`<_this\b[^>]*\btype="([^"]+)"[^>]*>([^<]+)</_this>`)
+
+// hangingCall is the name of the method in `hang` that the SOAP request `text` calls, with the
+// object it is called on, if that object exists; "" otherwise.
+func hangingCall(text string, hang map[string]*regexp.Regexp) (string, types.ManagedObjectReference) {
+	for method, call := range hang {
+		if !call.MatchString(text) {
+			continue
+		}
+		match := thisRef.FindStringSubmatch(text)
+		if match == nil {
+			continue
+		}
+		ref := types.ManagedObjectReference{Type: match[1], Value: match[2]}
+		if simulator.Map.Get(ref) == nil {
+			continue // the simulator answers ManagedObjectNotFound
+		}
+		return method, ref
+	}
+	return "", types.ManagedObjectReference{}
+}
+
+// hangingTask puts a Task for `method` on `ref` in the inventory, running and never run: its
+// info.state stays "running" and the object is left as it was.
+func hangingTask(method string, ref types.ManagedObjectReference) *simulator.Task {
+	name := strings.TrimSuffix(method, "_Task") + "Task" // CreateTask's own spelling of "X_Task"
+	task := simulator.CreateTask(ref, name, func(*simulator.Task) (types.AnyType, types.BaseMethodFault) {
+		return nil, nil
+	})
+	simulator.Map.Update(task, []types.PropertyChange{
+		{Name: "info.startTime", Val: time.Now()},
+		{Name: "info.state", Val: types.TaskInfoStateRunning},
+	})
+	return task
+}
+
+// faults answers some requests itself, as vSphere would, without passing them on: ShutdownGuest
+// of the VM `stubbornRef` (the guest is asked and never powers off), HasPrivilegeOnEntity, where
+// the privileges in `denied` are not granted, and the task methods in `hang`, whose tasks never
+// finish.
+func faults(next http.Handler, stubbornRef string, denied map[string]bool, hang map[string]*regexp.Regexp) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.Method == http.MethodPost && r.Body != nil {
 			body, err := ioutil.ReadAll(r.Body)
@@ -150,6 +191,12 @@ func faults(next http.Handler, stubbornRef string, denied map[string]bool) http.
 				}
 				soapResponse(w, `<HasPrivilegeOnEntityResponse xmlns="urn:vim25">`+answer.String()+
 					`</HasPrivilegeOnEntityResponse>`)
+				return
+			}
+			if method, ref := hangingCall(text, hang); method != "" {
+				task := hangingTask(method, ref)
+				soapResponse(w, fmt.Sprintf(`<%sResponse xmlns="urn:vim25"><returnval type="Task">%s</returnval>`+
+					`</%sResponse>`, method, task.Self.Value, method))
 				return
 			}
 		}
@@ -191,11 +238,19 @@ func main() {
 	username := flag.String("username", "user", "the only user name accepted")
 	password := flag.String("password", "pass", "the only password accepted")
 	deny := flag.String("deny", "", "privileges refused to the user, comma-separated")
+	hang := flag.String("hang", "", "task methods whose tasks never finish (ReconfigVM_Task, ...), comma-separated")
 	flag.Parse()
 	denied := map[string]bool{}
 	for _, name := range strings.Split(*deny, ",") {
 		if name != "" {
 			denied[name] = true
+		}
+	}
+	hanging := map[string]*regexp.Regexp{}
+	for _, name := range strings.Split(*hang, ",") {
+		if name != "" {
+			// The method's element in the SOAP body, with or without a namespace prefix.
+			hanging[name] = regexp.MustCompile(`<(?:[\w.-]+:)?` + regexp.QuoteMeta(name) + `[\s/>]`)
 		}
 	}
 
@@ -216,7 +271,7 @@ func main() {
 		model.Service.TLS = &tls.Config{Certificates: []tls.Certificate{cert}}
 	}
 	server := model.Service.NewServer()
-	server.Config.Handler = faults(server.Config.Handler, ref, denied)
+	server.Config.Handler = faults(server.Config.Handler, ref, denied, hanging)
 
 	if *useTLS && *caFile != "" {
 		cert := server.Certificate()
