@@ -671,7 +671,7 @@ def _roll_back(current: Run, reason: str) -> None:
     try:
         _undo_on_hypervisor(current)
     except HypervisorError as exc:
-        left.append(f"the hypervisor could not be put back ({str(exc).rstrip('.')}); check {op.vm.name} by hand")
+        left.append(f"the hypervisor could not be put back: {str(exc).rstrip('.')}; check {op.vm.name} by hand")
     with transaction.atomic():
         # The batch's later operations have not run: they may need room this one was to make, so
         # their inventory is put back first (last first), then this one's.
@@ -694,7 +694,7 @@ def _end_rolled_back(op: Operation, reason: str, left: list[str], undone: str = 
             with transaction.atomic(), audit.because(f"{op} failed to apply"):
                 fleet_requests.restore_vgpus(op.vm, before)
     except FleetConflict as exc:
-        left.append(f"the inventory could not be put back ({str(exc).rstrip('.')})")
+        left.append(f"the inventory could not be put back: {str(exc).rstrip('.')}")
     _release(op)
     status = OperationStatus.FAILED if left else OperationStatus.ROLLED_BACK
     error = reason + (undone if not left else " Not all was undone: " + "; ".join(left) + ".")
