@@ -71,6 +71,27 @@ def check_uri(text: str) -> str:
     return value
 
 
+#: The host's hypervisor (fleet.choices.Hypervisor's value and name) each non-libvirt scheme is for.
+SCHEME_HYPERVISORS = {VSPHERE_SCHEME: ("esxi", "VMware vSphere ESXi"), PROXMOX_SCHEME: ("proxmox", "Proxmox VE")}
+
+
+def check_kind(uri: str, hypervisor: str) -> None:
+    """InvalidLink when a host's link names another kind of hypervisor than the host runs: a
+    vsphere:// link on a KVM host, a libvirt URI on a Proxmox VE node. A simulated link goes with any."""
+    scheme = urlsplit(uri.strip()).scheme.lower()
+    if not uri.strip() or scheme == SIM_SCHEME:
+        return
+    if scheme in SCHEME_HYPERVISORS:
+        value, label = SCHEME_HYPERVISORS[scheme]
+        if hypervisor != value:
+            raise InvalidLink(f"A {scheme}:// link is for a {label} host: set the host's hypervisor to {label}, "
+                              "or give the link of the hypervisor it runs.")
+        return
+    for other, (value, label) in SCHEME_HYPERVISORS.items():
+        if hypervisor == value:
+            raise InvalidLink(f"This host runs {label}, which is linked through {other}://, not libvirt.")
+
+
 def is_simulated(uri: str) -> bool:
     return urlsplit(uri).scheme.lower() == SIM_SCHEME
 

@@ -185,6 +185,14 @@ class Host(models.Model):
     def __str__(self):
         return self.name
 
+    def clean(self):
+        super().clean()
+        try:
+            hypervisor_link.check_kind(self.hypervisor_uri, self.hypervisor)
+        except hypervisor_link.InvalidLink as exc:
+            # Not tied to one field: the host form changes the hypervisor, the link is set elsewhere.
+            raise ValidationError(str(exc), code="invalid") from None
+
 
 def validate_pci_bus_id(value: str) -> None:
     """A PCI bus id in any spelling `fleet.pci` reads (the form, the admin site and the API)."""

@@ -9,7 +9,7 @@ list costs the same number of queries whatever its length.
 from rest_framework import serializers
 
 from config.api.serializers import ExpandableMixin
-from fleet import services
+from fleet import hypervisor_link, services
 from fleet.models import Artist, Gpu, GpuModel, Host, Vgpu, VgpuProfile, VirtualMachine
 from fleet.pci import InvalidPciBusId, normalize_pci_bus_id
 
@@ -46,6 +46,17 @@ class HostSerializer(serializers.ModelSerializer):
                   "ram_overcommit", "multi_vgpu_same_gpu", "hypervisor_uri", "hypervisor_secret_ref",
                   "allocated_vcpus", "allocated_ram_gib", "gpu_count"]
         extra_kwargs = {"cpu_threads": {"min_value": 1}, "ram_gib": {"min_value": 1}}
+
+    def validate(self, attrs):
+        """The link must be of the hypervisor the host runs (`hypervisor_link.check_kind`)."""
+        current = self.instance or Host()
+        uri = attrs.get("hypervisor_uri", current.hypervisor_uri)
+        hypervisor = attrs.get("hypervisor", current.hypervisor)
+        try:
+            hypervisor_link.check_kind(uri, hypervisor)
+        except hypervisor_link.InvalidLink as exc:
+            raise serializers.ValidationError({"hypervisor_uri": [str(exc)]}) from None
+        return attrs
 
     def create(self, validated_data):
         return services.update_host(Host(**validated_data))

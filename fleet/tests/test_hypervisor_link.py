@@ -3,7 +3,15 @@ secret reference cannot work, instead of when the first approval tries to use it
 
 import pytest
 
-from fleet.hypervisor_link import InvalidLink, check_secret_ref, check_uri, is_proxmox, is_simulated, is_vsphere
+from fleet.hypervisor_link import (
+    InvalidLink,
+    check_kind,
+    check_secret_ref,
+    check_uri,
+    is_proxmox,
+    is_simulated,
+    is_vsphere,
+)
 
 
 @pytest.mark.parametrize("uri", [
@@ -64,3 +72,47 @@ def test_scripts_link_a_host_through_the_api_and_a_bad_link_is_refused_naming_th
     assert set(refused.json()) >= {"hypervisor_uri", "hypervisor_secret_ref"}
     host.refresh_from_db()
     assert host.hypervisor_uri == "qemu+ssh://root@node-07/system"  # the good link is kept
+
+
+@pytest.mark.parametrize(("uri", "hypervisor", "says"), [
+    ("vsphere://svc@vcenter-01/", "kvm", "A vsphere:// link is for a VMware vSphere ESXi host"),
+    ("proxmox://root@pam@pve-01:8006/", "esxi", "A proxmox:// link is for a Proxmox VE host"),
+    ("qemu+ssh://root@pve-01/system", "proxmox", "runs Proxmox VE, which is linked through proxmox://"),
+    ("qemu+ssh://root@esx-01/system", "esxi", "runs VMware vSphere ESXi, which is linked through vsphere://"),
+])
+def test_a_link_to_another_kind_of_hypervisor_than_the_host_runs_is_refused(uri, hypervisor, says):
+    with pytest.raises(InvalidLink, match=says):
+        check_kind(uri, hypervisor)
+
+
+@pytest.mark.parametrize(("uri", "hypervisor"), [
+    ("vsphere://svc@vcenter-01/", "esxi"), ("proxmox://root@pam@pve-01:8006/", "proxmox"),
+    ("qemu+ssh://root@node-01/system", "kvm"), ("xen+ssh://root@xs-01/", "xenserver"), ("sim://node-01", "esxi"),
+    ("", "proxmox"),
+])
+def test_a_link_of_the_hosts_own_hypervisor_is_accepted(uri, hypervisor):
+    check_kind(uri, hypervisor)
+
+
+@pytest.mark.django_db
+def test_the_api_and_the_host_form_refuse_a_link_of_another_hypervisor_and_keep_the_host(admin_api):
+    from fleet.forms import HostForm
+    from fleet.tests.factories import HostFactory
+
+    host = HostFactory(name="pve-01", hypervisor="proxmox")
+    refused = admin_api.patch(f"/api/v1/hosts/{host.pk}/", {"hypervisor_uri": "vsphere://svc@vcenter-01/"},
+                              format="json")
+    assert refused.status_code == 400
+    assert "A vsphere:// link is for a VMware vSphere ESXi host" in refused.json()["hypervisor_uri"][0]
+    linked = admin_api.patch(f"/api/v1/hosts/{host.pk}/", {"hypervisor_uri": "proxmox://root@pam@pve-01:8006/"},
+                             format="json")
+    assert linked.status_code == 200, linked.content
+    # Changing the host's hypervisor under its link is refused too, on the page as through the API.
+    host.refresh_from_db()
+    form = HostForm(data={"name": "pve-01", "hypervisor": "kvm", "cpu_model": "", "cpu_threads": host.cpu_threads,
+                          "ram_gib": host.ram_gib, "vcpu_overcommit": 1, "ram_overcommit": 1}, instance=host)
+    assert not form.is_valid()
+    assert "A proxmox:// link is for a Proxmox VE host" in str(form.errors)
+    assert admin_api.patch(f"/api/v1/hosts/{host.pk}/", {"hypervisor": "kvm"}, format="json").status_code == 400
+    host.refresh_from_db()
+    assert (host.hypervisor, host.hypervisor_uri) == ("proxmox", "proxmox://root@pam@pve-01:8006/")
