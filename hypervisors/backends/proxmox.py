@@ -19,7 +19,10 @@ What Proxmox VE calls things here:
   therefore only checks that the GPU can take the type now and names the device; `redefine`
   writes the entry; the UUID is known once it has;
 - the node's vGPU types are the mdev types of its NVIDIA GPUs (`hardware/pci/<id>/mdev`), with the
-  names the driver gives them ("GRID T4-4Q"), which the catalog's profiles match;
+  names the driver gives them ("GRID T4-4Q"), which the catalog's profiles match. In the SR-IOV
+  layout the physical function lists none and each free VF lists what the GPU can take now, each
+  with "available: 1" (a VF holding a vGPU lists nothing), so a type's available count is the
+  catalog's count of that size per GPU less the vGPUs present, and at most the free VFs;
 - a cold move is the API's offline migration to another node of the same cluster.
 
 Every failure becomes a HypervisorError whose message says what was being done and why, in the
@@ -29,13 +32,14 @@ words an admin acts on (DNS, refused, TLS, credentials, permissions, the task's 
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import logging
 import math
 import re
 import time
 import uuid as uuidlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from urllib.parse import parse_qsl, unquote, urlsplit
 
@@ -43,7 +47,9 @@ import requests
 from django.conf import settings
 from proxmoxer import AuthenticationError, ProxmoxAPI, ResourceException
 
+from fleet.catalog import CATALOG, profiles_of
 from fleet.pci import InvalidPciBusId, normalize_pci_bus_id
+from hypervisors import matching
 from hypervisors.backends import in_definition, reach
 from hypervisors.backends.base import (
     Backend,
@@ -119,6 +125,17 @@ def _gpu_of(pci: str) -> str:
 
 def _is_virtual_function(pci: str) -> bool:
     return _bus_id(pci) != _gpu_of(pci)
+
+
+@functools.lru_cache(maxsize=256)
+def _most_per_gpu(type_name: str) -> int | None:
+    """How many vGPUs of this size one GPU holds by NVIDIA's rule (the catalog's count of one
+    size per GPU), or None for a type the catalog lacks."""
+    for model in CATALOG:
+        for profile in profiles_of(model):
+            if matching.match_profile(type_name, [profile.name]):
+                return profile.max_per_gpu
+    return None
 
 
 def _options(value: str) -> tuple[str, dict[str, str]]:
@@ -362,22 +379,29 @@ class ProxmoxBackend(in_definition.DevicesInDefinition):
         return self._call(f"read the vGPU types of {pci} on {self._node}",
                           lambda api: api.nodes(self._node).hardware.pci(pci).mdev.get()) or []
 
-    def _type_names(self) -> dict[str, str]:
+    def _type_names(self, wanted: Iterable[str] = ()) -> dict[str, str]:
         """Type id -> the driver's name of it ("nvidia-222" -> "GRID T4-1Q"), over the node's GPUs;
-        read once per link (the names change only with the host's driver), unlike availability."""
-        if self._names is None:
-            self._names = self._read_type_names()
+        read once per link (the names change only with the host's driver), unlike availability,
+        and read again when a type `wanted` (by id or name) is not among them: in the SR-IOV
+        layout a GPU lists only the sizes it has room for now, so a link opened while it held
+        one size has not seen the others' names."""
+        known = self._names
+        if known is None or any(w not in known and w not in known.values() for w in wanted):
+            self._names = {**(known or {}), **self._read_type_names()}
         return self._names
 
     def _read_type_names(self) -> dict[str, str]:
         names: dict[str, str] = {}
-        seen: set[str] = set()
+        named: set[str] = set()
         for row in self._gpu_functions():
             gpu = _gpu_of(row["id"])
-            if gpu in seen and _is_virtual_function(row["id"]):
-                continue  # a GPU's virtual functions offer the same types
-            seen.add(gpu)
-            for entry in self._mdev_types(row["id"]):
+            if gpu in named and _is_virtual_function(row["id"]):
+                continue  # a GPU's free virtual functions offer the same types
+            entries = self._mdev_types(row["id"])
+            if entries:
+                # A VF that holds a vGPU lists nothing: the GPU's next VF is read instead.
+                named.add(gpu)
+            for entry in entries:
                 names.setdefault(entry["type"], entry.get("name") or entry["type"])
         return names
 
@@ -446,8 +470,9 @@ class ProxmoxBackend(in_definition.DevicesInDefinition):
         return found
 
     def list_domains(self) -> list[Domain]:
-        names = self._type_names()
-        domains = [self._domain(row, config, names) for row, config in self._read_all()]
+        found = self._read_all()
+        names = self._type_names(options["mdev"] for _, config in found for _, _, options in self._entries(config))
+        domains = [self._domain(row, config, names) for row, config in found]
         return sorted(domains, key=lambda d: (d.name, d.uuid))
 
     def _lookup(self, uuid: str) -> tuple[int, dict]:
@@ -470,7 +495,8 @@ class ProxmoxBackend(in_definition.DevicesInDefinition):
     def domain(self, uuid: str) -> Domain:
         vmid, config = self._lookup(uuid)
         status = self._status(vmid)
-        return self._domain({**status, "vmid": vmid}, config, self._type_names())
+        names = self._type_names(options["mdev"] for _, _, options in self._entries(config))
+        return self._domain({**status, "vmid": vmid}, config, names)
 
     # Tasks and power -----------------------------------------------------------------------------
 
@@ -534,7 +560,8 @@ class ProxmoxBackend(in_definition.DevicesInDefinition):
         try:
             self._wait(upid, f"start {name}")
         except HypervisorError as exc:
-            if "no available instances" in str(exc):
+            # mdev layout: "... has no available instances of ..."; SR-IOV: "vgpu type 'N' not available for ...".
+            if "no available instances" in str(exc) or re.search(r"vgpu type '[^']*' not available", str(exc)):
                 raise NoInstanceAvailable(str(exc)) from None
             raise
 
@@ -544,15 +571,26 @@ class ProxmoxBackend(in_definition.DevicesInDefinition):
         """(GPU, type id) -> {"name", "available", "functions"}: what each GPU offers, over its
         functions (one in the mdev layout; its free virtual functions in the SR-IOV one)."""
         offers: dict[tuple[str, str], dict] = {}
+        silent: dict[str, int] = {}  # GPU -> its virtual functions that list no type
         for row in self._gpu_functions():
             gpu = _gpu_of(row["id"])
-            for entry in self._mdev_types(row["id"]):
+            entries = self._mdev_types(row["id"])
+            if not entries and _is_virtual_function(row["id"]):
+                silent[gpu] = silent.get(gpu, 0) + 1
+            for entry in entries:
                 offer = offers.setdefault((gpu, entry["type"]), {"name": entry.get("name") or entry["type"],
                                                                  "available": 0, "functions": []})
                 available = int(entry.get("available") or 0)
                 offer["available"] += available
                 if available:
                     offer["functions"].append(row["id"])
+        for (gpu, _), offer in offers.items():
+            # Each free VF lists a type the GPU has room for with "available: 1", so the sum counts
+            # free VFs, not room. The room is NVIDIA's count of that size per GPU less the vGPUs
+            # present: while the GPU offers a type, a VF that lists nothing is one holding a vGPU.
+            most = _most_per_gpu(offer["name"])
+            if most is not None and any(_is_virtual_function(pci) for pci in offer["functions"]):
+                offer["available"] = max(0, min(offer["available"], most - silent.get(gpu, 0)))
         return offers
 
     def vgpu_types(self) -> list[VgpuType]:
@@ -603,7 +641,7 @@ class ProxmoxBackend(in_definition.DevicesInDefinition):
         in_definition.check_spec(spec)
         vmid, config = self._lookup(uuid)
         name = config.get("name") or vmid
-        names = self._type_names()
+        names = self._type_names([d.type_name for d in spec.vgpus])
         current = {device.id.lower(): (slot, device) for (slot, _, _), device in
                    zip(self._entries(config), self._devices(vmid, config, names), strict=True)}
         wanted = {d.id.lower(): d for d in spec.vgpus}

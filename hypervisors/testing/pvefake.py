@@ -26,7 +26,7 @@ What it reproduces of Proxmox VE 8 (pve-manager 8.2, qemu-server 8.2, pve-http-s
 - Writes: POST (a "qmconfig" task) and PUT (synchronous) .../qemu/{vmid}/config, POST
   .../status/start, /shutdown, /stop and .../migrate, each a task named by a UPID that the
   client polls.
-- vGPUs (NVIDIA's time-sliced rule): a GPU holds vGPUs of one type at a time; a type's
+- vGPUs (NVIDIA's time-sliced rule, both layouts): a GPU holds vGPUs of one type at a time; a type's
   `available` is the GPU's frame buffer divided by the type's, less the instances present, and
   0 while another type is present. Instances exist only for running VMs: qemu-server creates
   the mdev (UUID `%08d-0000-0000-0000-%012d` of the hostpci index and the vmid) at start and
@@ -54,6 +54,19 @@ T4-8Q on 0000:5e:00.0), VM 103 "ws-model-01" (4 cores, 8192 MiB, running, T4-8Q 
 VM 201 "ws-comp-01" (4 cores, 16384 MiB, stopped, T4-2Q on 0000:3b:00.0). So pve1's first GPU
 has room for three more 4Q, its second is full (two 8Q), and pve2's GPUs are empty. A resource
 mapping "t4" names both GPUs of both nodes (`hostpciN: mapping=t4,mdev=...`).
+
+The SR-IOV inventory (`sriov_inventory()`, NVIDIA vGPU 17+ on Ada as Proxmox VE 8.3+ shows it):
+cluster "studio" with one node, pve3, holding an NVIDIA L40S (48 GiB) whose physical function
+0000:41:00.0 offers no mdev types and whose eight virtual functions 0000:41:00.4 ... 0000:41:01.3
+are listed with `"mdev": 1`. A VF's `.../mdev` lists what its nvidia/creatable_vgpu_types does
+(pve-common's get_mdev_types): each type the VF can take now, `available` 1, no description;
+nothing while the VF holds a vGPU, and only the size the GPU holds (while it has room) once it
+holds one. A VM names the VF (`hostpci0: 0000:41:00.4,mdev=nvidia-1155,pcie=1`); its start
+reserves the VF ("PCI device '...' already in use by VMID '...'" when a running VM has it) and
+writes the type to the VF's current_vgpu_type ("vgpu type '1155' not available for '...'" when
+the VF does not list it), its stop sets it back to 0. VM 301 "ws-render-01" (8 cores, 32768 MiB,
+running, L40S-12Q on 0000:41:00.4), VM 302 "ws-spare-01" (4 cores, 16384 MiB, stopped, L40S-12Q
+named on 0000:41:00.5), VM 303 "ws-edit-01" (4 cores, 16384 MiB, stopped, no GPU).
 
 Users: root@pam (password PASSWORD, token TOKEN_ID with TOKEN_SECRET) and ops@pve (password
 LIMITED_PASSWORD), who may read and change configurations and migrate but not power VMs
@@ -112,6 +125,23 @@ T4_TYPES: dict[str, tuple[str, int]] = {
     "nvidia-226": ("GRID T4-16Q", 16384),
 }
 TYPE_1Q, TYPE_2Q, TYPE_4Q, TYPE_8Q, TYPE_16Q = T4_TYPES
+#: The SR-IOV inventory (`sriov_inventory()`): one node with one NVIDIA L40S and eight of its VFs.
+SRIOV_NODE = "pve3"
+L40S_PF = "0000:41:00.0"
+L40S_VFS = ("0000:41:00.4", "0000:41:00.5", "0000:41:00.6", "0000:41:00.7",
+            "0000:41:01.0", "0000:41:01.1", "0000:41:01.2", "0000:41:01.3")
+L40S_FB_MIB = 49152
+#: NVIDIA's L40S vGPU types (vGPU 17) as a VF's creatable_vgpu_types names them: id -> (name, MiB).
+L40S_TYPES: dict[str, tuple[str, int]] = {
+    "nvidia-1152": ("NVIDIA L40S-4Q", 4096),
+    "nvidia-1153": ("NVIDIA L40S-6Q", 6144),
+    "nvidia-1154": ("NVIDIA L40S-8Q", 8192),
+    "nvidia-1155": ("NVIDIA L40S-12Q", 12288),
+    "nvidia-1156": ("NVIDIA L40S-24Q", 24576),
+    "nvidia-1157": ("NVIDIA L40S-48Q", 49152),
+}
+L40S_4Q, L40S_6Q, L40S_8Q, L40S_12Q, L40S_24Q, L40S_48Q = L40S_TYPES
+VM_RENDER, VM_SPARE, VM_EDIT = 301, 302, 303
 VM_ANIM, VM_LIGHT, VM_MODEL, VM_BUILD, VM_COMP = 101, 102, 103, 104, 201
 STUBBORN_VM = VM_MODEL  # its guest ignores ACPI shutdown requests
 USERNAME = "root@pam"
@@ -190,15 +220,29 @@ class VmSpec:
     shutdown_delay_s: float = DEFAULT_SHUTDOWN_DELAY_S
 
 
+@dataclass(frozen=True)
+class SriovGpu:
+    """A GPU in NVIDIA's SR-IOV layout (vGPU 17+ on Ada and newer): the physical function, which
+    offers no mdev types, and its virtual functions, each of which takes one vGPU."""
+
+    pf: str
+    vfs: tuple[str, ...]
+    device_name: str = "AD102GL [L40S]"
+    device: str = "0x26b9"
+    fb_mib: int = L40S_FB_MIB
+    types: dict[str, tuple[str, int]] = field(default_factory=lambda: dict(L40S_TYPES))
+
+
 @dataclass
 class Inventory:
-    """A cluster: its name, each node's GPUs (PCI addresses of Tesla T4s), the VMs, and the
-    resource mappings (name -> node -> PCI addresses)."""
+    """A cluster: its name, each node's GPUs (PCI addresses of Tesla T4s), the VMs, the
+    resource mappings (name -> node -> PCI addresses), and each node's SR-IOV GPUs."""
 
     cluster: str
     gpus: dict[str, tuple[str, ...]]
     vms: list[VmSpec]
     mappings: dict[str, dict[str, tuple[str, ...]]] = field(default_factory=dict)
+    sriov: dict[str, tuple[SriovGpu, ...]] = field(default_factory=dict)
 
 
 def default_inventory() -> Inventory:
@@ -215,6 +259,23 @@ def default_inventory() -> Inventory:
             VmSpec(VM_COMP, OTHER_NODE, "ws-comp-01", 4, 16384, False, (f"{GPU_BUS_IDS[0]},mdev={TYPE_2Q}",)),
         ],
         mappings={MAPPING: {node: GPU_BUS_IDS for node in NODES}},
+    )
+
+
+def sriov_inventory() -> Inventory:
+    """A cluster of one node, pve3, with an NVIDIA L40S in the SR-IOV layout (the module docstring
+    says what it holds): VM 301 "ws-render-01" runs an L40S-12Q on the first VF, VM 302
+    "ws-spare-01" is stopped with an L40S-12Q named on the second VF, VM 303 "ws-edit-01" is
+    stopped with no GPU. The GPU has room for three more 12Q."""
+    return Inventory(
+        cluster=CLUSTER,
+        gpus={SRIOV_NODE: ()},
+        vms=[
+            VmSpec(VM_RENDER, SRIOV_NODE, "ws-render-01", 8, 32768, True, (f"{L40S_VFS[0]},mdev={L40S_12Q},pcie=1",)),
+            VmSpec(VM_SPARE, SRIOV_NODE, "ws-spare-01", 4, 16384, False, (f"{L40S_VFS[1]},mdev={L40S_12Q},pcie=1",)),
+            VmSpec(VM_EDIT, SRIOV_NODE, "ws-edit-01", 4, 16384, False),
+        ],
+        sriov={SRIOV_NODE: (SriovGpu(L40S_PF, L40S_VFS),)},
     )
 
 
@@ -331,6 +392,7 @@ class PveFake:
         self.gpus = {node: tuple(_normal_pci(p) or p for p in pcis) for node, pcis in inventory.gpus.items()}
         self.mappings = {name: {node: tuple(pcis) for node, pcis in nodes.items()}
                          for name, nodes in inventory.mappings.items()}
+        self.sriov = {node: {gpu.pf: gpu for gpu in gpus} for node, gpus in inventory.sriov.items()}
         self.users = dict(users) if users is not None else {USERNAME: PASSWORD, LIMITED_USER: LIMITED_PASSWORD}
         self.tokens = dict(tokens) if tokens is not None else {TOKEN_ID: TOKEN_SECRET}
         self.privileges = dict(privileges) if privileges is not None else {LIMITED_USER: LIMITED_PRIVILEGES}
@@ -386,8 +448,34 @@ class PveFake:
             return 0
         return max(type_capacity(mdev_type) - len(present), 0)
 
+    def _sriov_gpu_of(self, node: str, pci: str) -> SriovGpu | None:
+        """The SR-IOV GPU of `node` whose PF or one of whose VFs `pci` is."""
+        return next((gpu for gpu in self.sriov.get(node, {}).values() if pci == gpu.pf or pci in gpu.vfs), None)
+
+    def _creatable(self, node: str, vf: str, extra: list[_Instance] = ()) -> list[str]:
+        """What the VF's nvidia/creatable_vgpu_types lists now: nothing while it holds a vGPU;
+        otherwise the types the GPU has room for (one size per GPU, up to its frame buffer)."""
+        gpu = self._sriov_gpu_of(node, vf)
+        present = [i for i in [*self._instances, *extra] if i.node == node and gpu is not None and i.pci in gpu.vfs]
+        if gpu is None or any(i.pci == vf for i in present):
+            return []
+        return [type_id for type_id, (_, fb) in gpu.types.items()
+                if all(i.type == type_id for i in present) and len(present) < gpu.fb_mib // fb]
+
+    def _plan_vf(self, vm: _Vm, vf: str, mdev_type: str, plan: list[_Instance]) -> _Instance | str:
+        """qemu-server at start for a VF: the VF is reserved for this VM (reserve_pci_usage), then
+        create_nvidia_device writes the type to nvidia/current_vgpu_type if the VF lists it."""
+        holder = next((i.vmid for i in [*self._instances, *plan] if i.node == vm.node and i.pci == vf), None)
+        if holder is not None and holder != vm.vmid:
+            return f"PCI device '{vf}' already in use by VMID '{holder}'"
+        model = mdev_type.removeprefix("nvidia-")
+        if mdev_type not in self._creatable(vm.node, vf, plan):
+            return f"vgpu type '{model}' not available for '{vf}'"
+        return _Instance("", vm.node, vf, mdev_type, vm.vmid)
+
     def _plan_instances(self, vm: _Vm) -> list[_Instance] | str:
-        """The mdev instances starting `vm` would create, or the task error that stops it."""
+        """The mdev instances (and VFs set to a vGPU type) starting `vm` would create, or the task
+        error that stops it."""
         plan: list[_Instance] = []
         for key in sorted((k for k in vm.config if k.startswith("hostpci")), key=lambda k: int(k[7:])):
             opts = _hostpci(vm.config[key])
@@ -399,11 +487,21 @@ class PveFake:
             else:
                 candidates = (opts.get("host", ""),)
             for pci in candidates:
-                if pci not in self.gpus.get(vm.node, ()) and pci not in (NIC_BUS_ID, NVME_BUS_ID):
+                if pci not in self.gpus.get(vm.node, ()) and pci not in (NIC_BUS_ID, NVME_BUS_ID) \
+                        and self._sriov_gpu_of(vm.node, pci) is None:
                     return f"no PCI device found for '{pci}'"
             mdev_type = opts.get("mdev")
             if not mdev_type:
                 continue  # a whole device passed through: nothing to create
+            sriov = self._sriov_gpu_of(vm.node, candidates[0])
+            if sriov is not None:
+                if candidates[0] == sriov.pf:
+                    return f"no nvidia sysfs api for '{candidates[0]}'"  # the PF takes no vGPU itself
+                planned = self._plan_vf(vm, candidates[0], mdev_type, plan)
+                if isinstance(planned, str):
+                    return planned
+                plan.append(planned)
+                continue
             chosen = None
             for pci in candidates:
                 if pci in self.gpus.get(vm.node, ()) and mdev_type in T4_TYPES \
@@ -1090,6 +1188,15 @@ class PveFake:
                             "device": "0x1eb8", "device_name": "TU104GL [Tesla T4]", "subsystem_vendor": "0x10de",
                             "subsystem_vendor_name": "NVIDIA Corporation", "subsystem_device": "0x12a2",
                             "subsystem_device_name": "", "iommugroup": group, "mdev": 1})
+        for group, gpu in enumerate(self.sriov.get(node, {}).values(), start=40):
+            common = {"class": "0x030200", "vendor": "0x10de", "vendor_name": "NVIDIA Corporation",
+                      "device": gpu.device, "device_name": gpu.device_name, "subsystem_vendor": "0x10de",
+                      "subsystem_vendor_name": "NVIDIA Corporation", "subsystem_device": "0x1851",
+                      "subsystem_device_name": ""}
+            # The PF offers no mdev types in this layout: PVE lists it without "mdev".
+            devices.append({"id": gpu.pf, **common, "iommugroup": group * 100})
+            devices += [{"id": vf, **common, "iommugroup": group * 100 + n, "mdev": 1}
+                        for n, vf in enumerate(gpu.vfs, start=1)]
         return sorted(devices, key=lambda d: d["id"])
 
     def _get_mdev(self, caller: _Caller, params: dict, node: str, pciid: str) -> list[dict]:
@@ -1100,6 +1207,14 @@ class PveFake:
             raise ApiError(400, VERIFICATION_FAILED, {"pci-id-or-mapping": "value does not match the regex pattern"})
         if pci in (NIC_BUS_ID, NVME_BUS_ID):
             raise ApiError(500, f"Device '{pci}' does not support mediated devices")
+        sriov = self._sriov_gpu_of(node, pci)
+        if sriov is not None and pci == sriov.pf:
+            return []
+        if sriov is not None:
+            # get_mdev_types on a VF: one entry per line of nvidia/creatable_vgpu_types, each with
+            # available 1 and no description; a PF has neither file and lists nothing.
+            return [{"type": type_id, "name": sriov.types[type_id][0], "description": "", "available": 1}
+                    for type_id in self._creatable(node, pci)]
         if pci not in self.gpus[node]:
             raise ApiError(500, f"no PCI device found for '{pci}'")
         return [{"type": type_id, "name": name, "available": self._available(node, pci, type_id),

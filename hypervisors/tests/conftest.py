@@ -108,3 +108,16 @@ def pve(settings, tmp_path) -> Iterator[SimpleNamespace]:
     (settings.HYPERVISOR_SECRETS_DIR / "pve-token").write_text(pvefake.TOKEN_SECRET + "\n")
     with pvefake.PveFake() as server:
         yield SimpleNamespace(server=server, secret_ref="pve-root", token_ref="pve-token", uri=server.uri)
+
+
+@pytest.fixture
+def pve_sriov(settings, tmp_path) -> Iterator[SimpleNamespace]:
+    """A fresh fake Proxmox VE cluster whose node pve3 holds an NVIDIA L40S in the SR-IOV layout
+    (pvefake.sriov_inventory), with root@pam's password in the secrets folder under `secret_ref`;
+    `uri(...)` links pve3."""
+    settings.HYPERVISOR_SECRETS_DIR = tmp_path / "pve-secrets"
+    settings.HYPERVISOR_SECRETS_DIR.mkdir()
+    (settings.HYPERVISOR_SECRETS_DIR / "pve-root").write_text(pvefake.PASSWORD + "\n")
+    with pvefake.PveFake(inventory=pvefake.sriov_inventory()) as server:
+        yield SimpleNamespace(server=server, secret_ref="pve-root",
+                              uri=lambda **query: server.uri(pvefake.SRIOV_NODE, **query))

@@ -221,3 +221,35 @@ def test_unknown_paths_and_nodes_are_answered_as_proxmox_does(pve):
     node = client.call("GET", "/nodes/pve9/qemu")
     assert (node.status_code, node.reason) == (500, "hostname lookup 'pve9' failed - failed to get address info "
                                                     "for: pve9: Name or service not known")
+
+
+def test_an_l40s_in_the_sriov_layout_lists_types_on_its_free_vfs_and_sets_a_vfs_type_while_its_vm_runs():
+    with PveFake(inventory=pvefake.sriov_inventory()) as fake:
+        client = Client(fake)
+        node = pvefake.SRIOV_NODE
+        pf, first, second, third = pvefake.L40S_PF, *pvefake.L40S_VFS[:3]
+        rows = {row["id"]: row for row in client.get(f"/nodes/{node}/hardware/pci")}
+        assert (rows[pf]["device_name"], "mdev" in rows[pf]) == ("AD102GL [L40S]", False)
+        assert [rows[vf]["mdev"] for vf in pvefake.L40S_VFS] == [1] * 8
+        assert client.get(f"/nodes/{node}/hardware/pci/{pf}/mdev") == []
+        # ws-render-01's 12Q holds the first VF; the others offer only what fits beside it.
+        assert client.get(f"/nodes/{node}/hardware/pci/{first}/mdev") == []
+        assert client.get(f"/nodes/{node}/hardware/pci/{third}/mdev") == [
+            {"type": pvefake.L40S_12Q, "name": "NVIDIA L40S-12Q", "description": "", "available": 1}]
+
+        path = f"/nodes/{node}/qemu/{pvefake.VM_EDIT}"
+        client.task("POST", f"{path}/config", hostpci0=f"{first},mdev={pvefake.L40S_12Q}", node=node)
+        busy = client.task("POST", f"{path}/status/start", node=node)
+        assert busy["exitstatus"] == f"PCI device '{first}' already in use by VMID '{pvefake.VM_RENDER}'"
+        client.task("POST", f"{path}/config", hostpci0=f"{third},mdev={pvefake.L40S_24Q}", node=node)
+        full = client.task("POST", f"{path}/status/start", node=node)
+        assert full["exitstatus"] == f"vgpu type '1156' not available for '{third}'"
+        client.task("POST", f"{path}/config", hostpci0=f"{third},mdev={pvefake.L40S_12Q}", node=node)
+        assert client.task("POST", f"{path}/status/start", node=node)["exitstatus"] == "OK"
+        assert fake.instances(node, third) == [{"uuid": "", "type": pvefake.L40S_12Q, "vmid": pvefake.VM_EDIT}]
+        assert client.get(f"/nodes/{node}/hardware/pci/{third}/mdev") == []
+
+        client.task("POST", f"/nodes/{node}/qemu/{pvefake.VM_RENDER}/status/stop", node=node)
+        assert fake.instances(node, first) == []
+        assert len(client.get(f"/nodes/{node}/hardware/pci/{first}/mdev")) == 1  # a 12Q still sits on the GPU
+        assert fake.instances(node, second) == []  # ws-spare-01 names it but is stopped
