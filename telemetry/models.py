@@ -228,6 +228,42 @@ class VgpuSample(models.Model):
         return f"VM {self.vm_id} on GPU {self.gpu_id} at {self.ts:%Y-%m-%d %H:%M:%S}"
 
 
+class GuestSample(models.Model):
+    """One reading of a VM's guest CPU and memory, read through its hypervisor link (no agent in
+    the guest; `hypervisors.guest_rates` makes the figures from the hypervisor's counters).
+
+    Shares in percent over the interval before `ts`: `vcpu_util` of all its vCPUs, `vcpu_max_util`
+    of the busiest one, `cpu_steal_pct` waiting for a host CPU. `ram_used_mib` is what the guest
+    uses of `ram_mib`, its allocation then. NULL where the hypervisor reports nothing (a guest
+    without the balloon driver reports no memory use, which is not 0)."""
+
+    id = models.BigAutoField(primary_key=True)
+    # No index of its own: the unique (vm, ts) key starts with it.
+    vm = models.ForeignKey(VirtualMachine, on_delete=models.CASCADE, related_name="guest_samples", db_index=False,
+                           **SAMPLE_REFERENCE)
+    ts = models.DateTimeField()
+    vcpus = models.SmallIntegerField()
+    ram_mib = models.IntegerField()
+    vcpu_util = models.FloatField(null=True)
+    vcpu_max_util = models.FloatField(null=True)
+    cpu_steal_pct = models.FloatField(null=True)
+    ram_used_mib = models.IntegerField(null=True)
+
+    class Meta:
+        ordering = ["vm_id", "ts"]
+        constraints = [models.UniqueConstraint(fields=["vm", "ts"], name="guestsample_unique_vm_ts")]
+        indexes = [models.Index(fields=["ts"], name="guestsample_ts_idx")]
+
+    def __str__(self):
+        return f"VM {self.vm_id} guest at {self.ts:%Y-%m-%d %H:%M:%S}"
+
+    @property
+    def ram_used_pct(self) -> float | None:
+        if self.ram_used_mib is None or not self.ram_mib:
+            return None
+        return 100.0 * self.ram_used_mib / self.ram_mib
+
+
 ROLLUP_STEPS_S = (300, 3600)
 
 
@@ -297,6 +333,41 @@ class VmRollup(RollupFields):
 
     def __str__(self):
         return f"VM {self.vm_id} {self.step_s}s bucket {self.bucket:%Y-%m-%d %H:%M}"
+
+
+class GuestRollup(models.Model):
+    """A VM's guest CPU and memory over one bucket (from `GuestSample`): the share of its vCPUs and
+    of its busiest vCPU (avg, p95, max), the time they waited for a host CPU, and the memory it
+    used against its allocation."""
+
+    id = models.BigAutoField(primary_key=True)
+    vm = models.ForeignKey(VirtualMachine, on_delete=models.CASCADE, related_name="guest_rollups")
+    step_s = models.PositiveIntegerField(help_text="Bucket width: 300 or 3600 seconds")
+    bucket = models.DateTimeField(help_text="Start of the bucket")
+    samples = models.PositiveIntegerField()
+    vcpus = models.SmallIntegerField(help_text="The VM's vCPUs (the most in the bucket)")
+    ram_mib = models.IntegerField(help_text="The VM's RAM allocation (the most in the bucket), MiB")
+    vcpu_util_avg = models.FloatField(null=True)
+    vcpu_util_p95 = models.FloatField(null=True)
+    vcpu_util_max = models.FloatField(null=True)
+    vcpu_max_util_avg = models.FloatField(null=True)
+    vcpu_max_util_p95 = models.FloatField(null=True)
+    vcpu_max_util_max = models.FloatField(null=True)
+    cpu_steal_pct_avg = models.FloatField(null=True)
+    cpu_steal_pct_max = models.FloatField(null=True)
+    ram_used_mib_avg = models.FloatField(null=True)
+    ram_used_mib_p95 = models.FloatField(null=True)
+    ram_used_mib_max = models.FloatField(null=True)
+
+    class Meta:
+        ordering = ["vm_id", "step_s", "bucket"]
+        constraints = [
+            models.UniqueConstraint(fields=["vm", "step_s", "bucket"], name="guestrollup_unique_vm_step_bucket"),
+        ]
+        indexes = [models.Index(fields=["step_s", "bucket"], name="guestrollup_step_bucket_idx")]
+
+    def __str__(self):
+        return f"VM {self.vm_id} guest {self.step_s}s bucket {self.bucket:%Y-%m-%d %H:%M}"
 
 
 class RollupCheckpoint(models.Model):

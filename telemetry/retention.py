@@ -1,6 +1,6 @@
 """Retention: raw samples and rollups older than their settings are deleted, in batches.
 
-- raw GPU and vGPU samples: TELEMETRY_RETENTION_RAW_DAYS, but never a sample that a rollup
+- raw GPU, vGPU and guest samples: TELEMETRY_RETENTION_RAW_DAYS, but never a sample that a rollup
   series has not passed yet (its 5-minute and hourly checkpoints, less the late window those
   series still rebuild), so a stalled rollup task loses no data: retention waits for it;
 - XID errors (`XidError`): TELEMETRY_RETENTION_RAW_DAYS after they arrived, like the raw
@@ -34,7 +34,17 @@ from django.utils import timezone
 from fleet.models import AuditEvent
 from telemetry import partitions, strips
 from telemetry.aggregation import bucket_floor
-from telemetry.models import ROLLUP_STEPS_S, GpuRollup, GpuSample, RollupCheckpoint, VgpuSample, VmRollup, XidError
+from telemetry.models import (
+    ROLLUP_STEPS_S,
+    GpuRollup,
+    GpuSample,
+    GuestRollup,
+    GuestSample,
+    RollupCheckpoint,
+    VgpuSample,
+    VmRollup,
+    XidError,
+)
 from telemetry.rollups import checkpoint_name
 
 logger = logging.getLogger(__name__)
@@ -58,7 +68,7 @@ def delete_in_batches(queryset: QuerySet, batch_size: int, max_batches: int | No
 
 
 def raw_cutoff(kind: str, now: datetime) -> datetime | None:
-    """Raw samples of `kind` ("gpu" or "vm") stamped before this may go: the older of the age
+    """Raw samples of `kind` ("gpu", "vm" or "guest") stamped before this may go: the older of the age
     limit and what every rollup series of that kind has finished. None when a series has never
     run (nothing is rolled up, nothing may go)."""
     # Whole hours, so a bucket is never left half pruned (a rewound rebuild would then undercount).
@@ -84,7 +94,8 @@ def prune_samples(now: datetime | None = None, batch_size: int | None = None,
     now = now or timezone.now()
     batch_size = batch_size or settings.TELEMETRY_PRUNE_BATCH
     deleted = {}
-    for name, model, kind in (("gpu_samples", GpuSample, "gpu"), ("vgpu_samples", VgpuSample, "vm")):
+    for name, model, kind in (("gpu_samples", GpuSample, "gpu"), ("vgpu_samples", VgpuSample, "vm"),
+                              ("guest_samples", GuestSample, "guest")):
         cutoff = raw_cutoff(kind, now)
         table = model._meta.db_table
         if partitions.is_partitioned(table):
@@ -100,7 +111,7 @@ def prune_samples(now: datetime | None = None, batch_size: int | None = None,
         received_at__lt=now - timedelta(days=settings.TELEMETRY_RETENTION_RAW_DAYS)), batch_size, max_batches)
     for step_s, days in ((300, settings.TELEMETRY_RETENTION_5M_DAYS), (3600, settings.TELEMETRY_RETENTION_1H_DAYS)):
         cutoff = now - timedelta(days=days)
-        for name, model in (("gpu_rollups", GpuRollup), ("vm_rollups", VmRollup)):
+        for name, model in (("gpu_rollups", GpuRollup), ("vm_rollups", VmRollup), ("guest_rollups", GuestRollup)):
             key = f"{name}_{step_s}"
             deleted[key] = delete_in_batches(
                 model.objects.filter(step_s=step_s, bucket__lt=cutoff), batch_size, max_batches,

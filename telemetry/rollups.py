@@ -1,7 +1,8 @@
 """Building the 5-minute and hourly rollups from raw samples, resumably.
 
-One series per entity kind and step: `gpu:300`, `vm:300`, `gpu:3600`, `vm:3600`, each with a
-`RollupCheckpoint` whose `done_until` says that every bucket starting before it is built.
+One series per entity kind and step: `gpu:300`, `vm:300`, `guest:300` (a VM's guest CPU and
+memory, `GuestSample`), and the same at 3600, each with a `RollupCheckpoint` whose `done_until`
+says that every bucket starting before it is built.
 
 How a run works (`build_rollups(step_s)`):
 
@@ -66,11 +67,20 @@ from fleet.models import Gpu, Vgpu, VirtualMachine
 from telemetry import strips
 from telemetry.aggregation import bucket_floor, max_or_none, sum_or_none, summarize
 from telemetry.metrics import FIVE_MINUTES
-from telemetry.models import ROLLUP_STEPS_S, GpuRollup, GpuSample, RollupCheckpoint, VgpuSample, VmRollup
+from telemetry.models import (
+    ROLLUP_STEPS_S,
+    GpuRollup,
+    GpuSample,
+    GuestRollup,
+    GuestSample,
+    RollupCheckpoint,
+    VgpuSample,
+    VmRollup,
+)
 
 logger = logging.getLogger(__name__)
 
-KINDS = ("gpu", "vm")
+KINDS = ("gpu", "vm", "guest")
 
 #: Rows fetched per round trip while streaming one bucket's samples.
 CHUNK_ROWS = 5000
@@ -80,6 +90,7 @@ WRITE_BATCH = 1000
 _GPU_FIELDS = ("util_gpu", "util_mem", "fb_used_mib", "fb_total_mib", "enc_util", "dec_util", "temp_c",
                "power_w", "sm_clock_mhz")
 _VM_FIELDS = ("fb_used_mib", "util_gpu", "util_mem", "enc_util", "dec_util")
+_GUEST_FIELDS = ("vcpus", "ram_mib", "vcpu_util", "vcpu_max_util", "cpu_steal_pct", "ram_used_mib")
 
 _COMMON_UPDATE = ["samples", "util_gpu_avg", "util_gpu_max", "util_gpu_p95", "util_mem_avg", "util_mem_max",
                   "fb_used_mib_avg", "fb_used_mib_max", "fb_used_mib_p95", "enc_util_avg", "enc_util_max",
@@ -87,6 +98,10 @@ _COMMON_UPDATE = ["samples", "util_gpu_avg", "util_gpu_max", "util_gpu_p95", "ut
 GPU_ROLLUP_UPDATE_FIELDS = [*_COMMON_UPDATE, "fb_total_mib", "temp_c_avg", "temp_c_max", "power_w_avg",
                             "power_w_max", "sm_clock_mhz_avg"]
 VM_ROLLUP_UPDATE_FIELDS = [*_COMMON_UPDATE, "profile_fb_mib", "partial"]
+GUEST_ROLLUP_UPDATE_FIELDS = ["samples", "vcpus", "ram_mib", "vcpu_util_avg", "vcpu_util_p95", "vcpu_util_max",
+                              "vcpu_max_util_avg", "vcpu_max_util_p95", "vcpu_max_util_max", "cpu_steal_pct_avg",
+                              "cpu_steal_pct_max", "ram_used_mib_avg", "ram_used_mib_p95", "ram_used_mib_max"]
+_SAMPLES = {"gpu": GpuSample, "vm": VgpuSample, "guest": GuestSample}
 
 
 def checkpoint_name(kind: str, step_s: int) -> str:
@@ -182,6 +197,19 @@ def vm_rollup(step_s: int, bucket: datetime, vm_id: int, points: list[list], pro
     )
 
 
+def guest_rollup(step_s: int, bucket: datetime, vm_id: int, rows: list[tuple]) -> GuestRollup:
+    """One VM's guest rollup from its readings in the bucket (tuples in the order of _GUEST_FIELDS)."""
+    vcpus, ram_mib, vcpu_util, vcpu_max, steal, ram_used = zip(*rows, strict=True)
+    cpu, busiest, waited, ram = map(summarize, (vcpu_util, vcpu_max, steal, ram_used))
+    return GuestRollup(
+        vm_id=vm_id, step_s=step_s, bucket=bucket, samples=len(rows), vcpus=max(vcpus), ram_mib=max(ram_mib),
+        vcpu_util_avg=cpu.avg, vcpu_util_p95=cpu.p95, vcpu_util_max=cpu.max,
+        vcpu_max_util_avg=busiest.avg, vcpu_max_util_p95=busiest.p95, vcpu_max_util_max=busiest.max,
+        cpu_steal_pct_avg=waited.avg, cpu_steal_pct_max=waited.max,
+        ram_used_mib_avg=ram.avg, ram_used_mib_p95=ram.p95, ram_used_mib_max=ram.max,
+    )
+
+
 def current_profile_fb() -> dict[int, tuple[float, int]]:
     """By VM id: the frame buffer its current vGPUs give it (sum of their profiles, MiB) and the
     number of GPUs they sit on (readings a complete timestamp holds)."""
@@ -197,7 +225,7 @@ class _Series:
         self.kind = kind
         self.step_s = step_s
         self.name = checkpoint_name(kind, step_s)
-        self.samples_model = GpuSample if kind == "gpu" else VgpuSample
+        self.samples_model = _SAMPLES[kind]
         self._profile_fb: dict[int, tuple[float, int]] | None = None
 
     def next_bucket(self, since: datetime, before: datetime) -> datetime | None:
@@ -225,6 +253,13 @@ class _Series:
             samples = samples.filter(vm_id__in=VirtualMachine.objects.values("pk"))
         count = 0
         rollups = []
+        if self.kind == "guest":
+            rows = samples.order_by("vm_id").values_list("vm_id", *_GUEST_FIELDS).iterator(chunk_size=CHUNK_ROWS)
+            for vm_id, group in groupby(rows, key=itemgetter(0)):
+                readings = [row[1:] for row in group]
+                count += len(readings)
+                rollups.append(guest_rollup(self.step_s, bucket, vm_id, readings))
+            return count, rollups
         if self.kind == "gpu":
             rows = samples.order_by("gpu_id").values_list("gpu_id", *_GPU_FIELDS).iterator(chunk_size=CHUNK_ROWS)
             for gpu_id, group in groupby(rows, key=itemgetter(0)):
@@ -253,6 +288,11 @@ class _Series:
             )
             if self.step_s == FIVE_MINUTES:
                 strips.write_bucket(bucket, rollups)
+        elif self.kind == "guest":
+            GuestRollup.objects.bulk_create(
+                rollups, batch_size=WRITE_BATCH, update_conflicts=True, unique_fields=["vm", "step_s", "bucket"],
+                update_fields=GUEST_ROLLUP_UPDATE_FIELDS,
+            )
         else:
             VmRollup.objects.bulk_create(
                 rollups, batch_size=WRITE_BATCH, update_conflicts=True, unique_fields=["vm", "step_s", "bucket"],
@@ -336,7 +376,7 @@ def _build_series(series: _Series, now: datetime, max_buckets: int, late_s: floa
 
 def build_rollups(step_s: int, now: datetime | None = None, max_buckets: int | None = None,
                   late_s: float | None = None) -> BuildResult:
-    """Build the complete `step_s` buckets (300 or 3600) of GPUs and VMs that are not built yet,
+    """Build the complete `step_s` buckets (300 or 3600) of GPUs, VMs and guests that are not built yet,
     at most `max_buckets` holding samples per series, and rebuild those that closed within the
     last `late_s` seconds. Safe to run twice or concurrently; see the module docstring."""
     if step_s not in ROLLUP_STEPS_S:

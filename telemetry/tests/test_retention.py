@@ -7,7 +7,7 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-from telemetry.models import GpuRollup, GpuSample, RollupCheckpoint, VgpuSample, VmRollup, XidError
+from telemetry.models import GpuRollup, GpuSample, GuestSample, RollupCheckpoint, VgpuSample, VmRollup, XidError
 from telemetry.retention import prune_samples, raw_cutoff
 from telemetry.rollup_tasks import prune_samples as prune_samples_task
 from telemetry.rollups import build_rollups
@@ -26,7 +26,7 @@ def world(db, settings):
 
 
 def rolled_up_until(moment):
-    for name in ("gpu:300", "gpu:3600", "vm:300", "vm:3600"):
+    for name in ("gpu:300", "gpu:3600", "vm:300", "vm:3600", "guest:300", "guest:3600"):
         RollupCheckpoint.objects.update_or_create(name=name, defaults={"done_until": moment})
 
 
@@ -43,6 +43,21 @@ def test_old_raw_samples_go_recent_ones_stay(world):
     assert deleted["vgpu_samples"] == 4
     assert sorted(GpuSample.objects.values_list("pk", flat=True)) == sorted(s.pk for s in recent)
     assert sorted(VgpuSample.objects.values_list("pk", flat=True)) == sorted(s.pk for s in kept_vgpu)
+
+
+def test_guest_samples_go_by_age_once_their_rollups_have_passed_them(world):
+    def guest(days_ago):
+        return GuestSample.objects.create(vm=world.vm_ana, ts=NOW - timedelta(days=days_ago), vcpus=8,
+                                          ram_mib=32768, vcpu_util=10.0, ram_used_mib=4096)
+
+    guest(20)
+    kept = guest(2)
+    RollupCheckpoint.objects.update_or_create(name="guest:300", defaults={"done_until": NOW})
+    assert prune_samples(now=NOW)["guest_samples"] == 0  # the hourly guest series has not run: nothing goes
+    rolled_up_until(NOW)
+
+    assert prune_samples(now=NOW)["guest_samples"] == 1
+    assert list(GuestSample.objects.values_list("pk", flat=True)) == [kept.pk]
 
 
 def test_xid_errors_go_with_the_raw_samples_by_when_they_arrived(world):

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from telemetry import aggregation, rollups
 from telemetry.aggregation import bucket_floor, p95, percentile_nearest_rank, summarize, weighted_mean
-from telemetry.models import GpuRollup, RollupCheckpoint, VgpuSample, VmRollup
+from telemetry.models import GpuRollup, GuestRollup, GuestSample, RollupCheckpoint, VgpuSample, VmRollup
 from telemetry.rollup_tasks import build_rollups as build_rollups_task
 from telemetry.rollups import build_rollups, rewind_rollups
 from telemetry.schedules import BUILD_ROLLUPS_EVERY_S as BUILD_EVERY_S
@@ -166,7 +166,7 @@ def test_no_samples_no_checkpoint_and_nothing_written(world):
 
     assert GpuRollup.objects.count() == VmRollup.objects.count() == 0
     assert not RollupCheckpoint.objects.exists()
-    assert [s.buckets for s in result.series] == [0, 0]
+    assert [s.buckets for s in result.series] == [0, 0, 0]
 
 
 def test_rerun_is_idempotent(world):
@@ -341,3 +341,24 @@ def test_worker_registers_the_tasks_beat_names():
     app.loader.import_default_modules()
     assert {"telemetry.rollup_tasks.build_rollups", "telemetry.rollup_tasks.prune_samples"} <= set(app.tasks)
     assert app.tasks["telemetry.rollup_tasks.build_rollups"].soft_time_limit < BUILD_EVERY_S
+
+
+def test_a_vms_guest_cpu_and_memory_roll_up_with_their_busiest_vcpu_and_unknown_memory_left_out(world):
+    """Guest readings (through the hypervisor link) of ws-ana: 8 vCPUs, one of them saturated in
+    the second half; memory not reported at one reading (no balloon figure), never read as 0."""
+    for i in range(10):
+        GuestSample.objects.create(vm=world.vm_ana, ts=at(30 * i), vcpus=8, ram_mib=32768,
+                                   vcpu_util=12.5 if i >= 5 else 3.0, vcpu_max_util=100.0 if i >= 5 else 10.0,
+                                   cpu_steal_pct=0.5, ram_used_mib=None if i == 3 else 6000 + 100 * i)
+
+    result = build_rollups(300, now=at(600))
+
+    assert [s.name for s in result.series] == ["gpu:300", "vm:300", "guest:300"]
+    [row] = GuestRollup.objects.filter(vm=world.vm_ana, step_s=300)
+    assert (row.bucket, row.samples, row.vcpus, row.ram_mib) == (T0, 10, 8, 32768)
+    assert (row.vcpu_util_avg, row.vcpu_util_max) == (7.75, 12.5)
+    assert (row.vcpu_max_util_avg, row.vcpu_max_util_p95, row.vcpu_max_util_max) == (55.0, 100.0, 100.0)
+    assert (row.cpu_steal_pct_avg, row.cpu_steal_pct_max) == (0.5, 0.5)
+    # Nine memory readings (6000..6900 but 6300): the one without a figure is left out.
+    assert (row.ram_used_mib_max, row.ram_used_mib_p95) == (6900.0, 6900.0)
+    assert row.ram_used_mib_avg == pytest.approx((sum(6000 + 100 * i for i in range(10)) - 6300) / 9)
