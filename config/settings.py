@@ -434,6 +434,9 @@ HYPERVISOR_VERIFY_WAIT_S = env_float("HYPERVISOR_VERIFY_WAIT_S", 30.0)
 # How often beat reads every linked hypervisor and stores its diff against the inventory
 # (hypervisors.tasks.sync_hypervisors; the entry is created once, after migrate).
 HYPERVISOR_SYNC_INTERVAL_S = env_float("HYPERVISOR_SYNC_INTERVAL_S", 900.0)
+# How often beat reads the guest CPU and memory of every linked host's running VMs through its
+# hypervisor (hypervisors.tasks.read_guest_stats): one GuestSample a VM a reading.
+HYPERVISOR_GUEST_INTERVAL_S = env_float("HYPERVISOR_GUEST_INTERVAL_S", 60.0)
 
 # Alerts: beat evaluates the rules every ALERTS_EVALUATION_INTERVAL_S (alerts.tasks); one
 # evaluation at a time, a lost one's lease lapsing after ALERTS_LEASE_S. Resolved alerts and the

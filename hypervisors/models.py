@@ -175,3 +175,17 @@ class OperationClaim(models.Model):
 
     def __str__(self):
         return f"{self.operation} holds {'VM ' + str(self.vm_id) if self.vm_id else 'GPU ' + str(self.gpu_id)}"
+
+
+class GuestCounter(models.Model):
+    """The hypervisor's counters of a VM's guest as last read (`hypervisors.guest_stats`): the
+    next reading's CPU shares are taken against them. One row per VM, replaced at each reading."""
+
+    vm = models.OneToOneField(VirtualMachine, on_delete=models.CASCADE, primary_key=True, related_name="+")
+    host = models.ForeignKey(Host, on_delete=models.CASCADE, related_name="+",
+                             help_text="The host whose hypervisor counted them (counters restart on another)")
+    read_at = models.DateTimeField()
+    counters = models.JSONField(help_text="hypervisors.backends.base.GuestCounters as read")
+
+    def __str__(self):
+        return f"guest counters of VM {self.vm_id} at {self.read_at:%Y-%m-%d %H:%M:%S}"

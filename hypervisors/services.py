@@ -58,7 +58,8 @@ def linked_hosts():
     return Host.objects.exclude(hypervisor_uri="").order_by("name")
 
 
-def _open(host: Host):
+def open_link(host: Host):
+    """The backend of the host's hypervisor link; NotLinked when it has none."""
     if not host.hypervisor_uri:
         raise NotLinked(f"{host.name} has no hypervisor URI: set one on the host to link it.")
     return open_backend(host.hypervisor_uri, secret_ref=host.hypervisor_secret_ref)
@@ -71,7 +72,7 @@ def check_host(host: Host) -> HypervisorStatus:
     """Reach the host's hypervisor and keep its answer (reachable, version, message); never raises
     for the hypervisor's sake: an unreachable one is a status with ok False."""
     try:
-        backend = _open(host)
+        backend = open_link(host)
     except HypervisorError as exc:
         ok, message, version, hostname = False, str(exc), "", ""
     else:
@@ -128,7 +129,7 @@ def host_inventory(host: Host, domains: list[Domain]) -> discovery.HostInventory
 
 
 def read_domains(host: Host) -> list[Domain]:
-    backend = _open(host)
+    backend = open_link(host)
     try:
         return backend.list_domains()
     finally:

@@ -5,7 +5,8 @@ time came or whose worker was lost.
 
 `sync_hypervisors` is beat's entry (created by `hypervisors.schedules` after migrate): every
 linked host's hypervisor is checked and read, and its diff against the inventory stored for
-the host page and the API; nothing is applied without an admin. One host's failure is its own
+the host page and the API; nothing is applied without an admin. `read_guest_stats` (beat) reads
+the guest CPU and memory of every linked host's running VMs (`hypervisors.guest_stats`). One host's failure is its own
 report and status; the others go on. The soft limit stops the run between two hosts (those
 left are read at the next run); the hard limit ends a run stuck in one host's call.
 """
@@ -17,7 +18,7 @@ import logging
 from celery import shared_task
 from celery.exceptions import SoftTimeLimitExceeded
 
-from hypervisors import operations, services
+from hypervisors import guest_stats, operations, services
 from hypervisors.models import SyncTrigger
 
 logger = logging.getLogger(__name__)
@@ -70,3 +71,14 @@ def sync_hypervisors() -> dict:
                        done["hosts"])
     logger.info("sync_hypervisors: %(hosts)d host(s), %(ok)d read, %(failed)d failed", done)
     return done
+
+
+@shared_task(name="hypervisors.tasks.read_guest_stats", ignore_result=True, soft_time_limit=SOFT_TIME_LIMIT_S,
+             time_limit=TIME_LIMIT_S)
+def read_guest_stats() -> dict:
+    """Read every linked host's running VMs' guest CPU and memory; returns {"samples", "hosts", "failed"}."""
+    try:
+        return guest_stats.read_all().as_dict()
+    except SoftTimeLimitExceeded:
+        logger.warning("read_guest_stats: time limit reached; the hosts left are read at the next run")
+        return {"samples": 0, "hosts": [], "failed": 0}

@@ -1,0 +1,121 @@
+"""Reading VMs' guest CPU and memory through their hosts' hypervisor links, with no agent in the
+guest: each linked host's running domains that the inventory knows (by UUID) get a
+`telemetry.models.GuestSample` a reading, the figures taken against the counters the last
+reading left (`GuestCounter`, `hypervisors.guest_rates`). Run by beat's `read_guest_stats`
+(every HYPERVISOR_GUEST_INTERVAL_S) and `manage.py read_guest_stats`.
+
+One host's failure is its own: it is logged and said in the result, and the others are read. A
+domain the inventory does not know is counted and left (the sync report shows it); a VM that
+moved to another host starts its counters afresh there, so its first reading there has no CPU
+figure rather than a wrong one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+from django.db import transaction
+
+from fleet.models import Host, VirtualMachine
+from hypervisors import guest_rates
+from hypervisors.backends.base import GuestCounters, HypervisorError
+from hypervisors.models import GuestCounter
+from hypervisors.services import linked_hosts, open_link
+from telemetry.models import GuestSample
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class HostRead:
+    """What one host's reading did."""
+
+    host: str
+    samples: int = 0
+    unknown: int = 0  # running domains the inventory does not know
+    error: str = ""
+
+    def as_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+@dataclass
+class GuestRead:
+    hosts: list[HostRead] = field(default_factory=list)
+
+    @property
+    def samples(self) -> int:
+        return sum(h.samples for h in self.hosts)
+
+    def as_dict(self) -> dict:
+        return {"samples": self.samples, "hosts": [h.as_dict() for h in self.hosts],
+                "failed": sum(1 for h in self.hosts if h.error)}
+
+
+def _counters(data: dict) -> GuestCounters | None:
+    try:
+        return GuestCounters(**{**data, "vcpu_ns": tuple(data.get("vcpu_ns") or ())})
+    except TypeError:  # written by an older version with other fields: start afresh
+        return None
+
+
+def store(host: Host, counters: list[GuestCounters]) -> HostRead:
+    """Turn one host's counters into guest samples of the inventory's VMs, and keep them for the next reading."""
+    result = HostRead(host.name)
+    vms = dict(VirtualMachine.objects.filter(uuid__in=[c.uuid for c in counters]).values_list("uuid", "pk"))
+    by_uuid = {str(uuid).lower(): pk for uuid, pk in vms.items()}
+    previous = {row.vm_id: row for row in GuestCounter.objects.filter(vm_id__in=by_uuid.values())}
+    samples, kept = [], []
+    for current in counters:
+        vm_id = by_uuid.get(current.uuid.lower())
+        if vm_id is None:
+            result.unknown += 1
+            continue
+        before = previous.get(vm_id)
+        last = _counters(before.counters) if before is not None and before.host_id == host.pk else None
+        reading = guest_rates.reading(current, last)
+        read_at = datetime.fromtimestamp(current.read_at_ns / 1e9, tz=UTC)
+        samples.append(GuestSample(vm_id=vm_id, ts=read_at, vcpus=reading.vcpus, ram_mib=reading.ram_mib,
+                                   vcpu_util=reading.vcpu_util, vcpu_max_util=reading.vcpu_max_util,
+                                   cpu_steal_pct=reading.cpu_steal_pct, ram_used_mib=reading.ram_used_mib))
+        kept.append(GuestCounter(vm_id=vm_id, host=host, read_at=read_at,
+                                 counters={**dataclasses.asdict(current), "vcpu_ns": list(current.vcpu_ns)}))
+    with transaction.atomic():
+        GuestSample.objects.bulk_create(samples, ignore_conflicts=True)
+        GuestCounter.objects.bulk_create(kept, update_conflicts=True, unique_fields=["vm"],
+                                         update_fields=["host", "read_at", "counters"])
+    result.samples = len(samples)
+    return result
+
+
+def read_host(host: Host) -> HostRead:
+    """Read one host's running domains and store their guest samples; a failure is the result's `error`."""
+    try:
+        backend = open_link(host)
+    except HypervisorError as exc:
+        return HostRead(host.name, error=str(exc))
+    try:
+        counters = backend.guest_counters()
+    except HypervisorError as exc:
+        return HostRead(host.name, error=str(exc))
+    finally:
+        backend.close()
+    return store(host, counters)
+
+
+def read_all() -> GuestRead:
+    """Every linked host, one after the other; one host's failure does not stop the others."""
+    result = GuestRead()
+    for host in linked_hosts():
+        try:
+            done = read_host(host)
+        except Exception as exc:  # noqa: BLE001 - one host's failure must not stop the others
+            logger.exception("read_guest_stats: %s failed", host.name)
+            done = HostRead(host.name, error=f"{type(exc).__name__}: {exc}")
+        if done.error:
+            logger.warning("read_guest_stats: %s: %s", host.name, done.error)
+        result.hosts.append(done)
+    return result

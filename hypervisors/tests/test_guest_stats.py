@@ -1,0 +1,68 @@
+"""Storing guest CPU and memory read through a hypervisor link (hypervisors/guest_stats.py): one
+sample a VM a reading, shares taken against the counters the last reading left on that host."""
+
+from __future__ import annotations
+
+import pytest
+from django_celery_beat.models import PeriodicTask
+
+from fleet.tests.factories import HostFactory, VirtualMachineFactory
+from hypervisors import guest_stats, schedules
+from hypervisors.backends.base import GuestCounters
+from telemetry.models import GuestSample
+
+pytestmark = pytest.mark.django_db
+
+S = 1_000_000_000
+T0 = 1_790_000_000  # seconds since the epoch: 2026-09-21
+
+
+def counters(vm, at_s: int, vcpu_s: tuple[int, ...], used: int | None = 4096) -> GuestCounters:
+    return GuestCounters(uuid=str(vm.uuid), read_at_ns=at_s * S, vcpus=len(vcpu_s), ram_mib=16384,
+                         vcpu_ns=tuple(v * S for v in vcpu_s), ram_used_mib=used)
+
+
+def test_the_second_reading_of_a_vm_gives_its_cpu_shares_and_each_gives_its_memory():
+    host = HostFactory(name="node-01", hypervisor_uri="sim://node-01")
+    vm = VirtualMachineFactory(name="ws-anim-01", host=host)
+
+    first = guest_stats.store(host, [counters(vm, T0, (100, 100, 100, 100))])
+    second = guest_stats.store(host, [counters(vm, T0 + 60, (160, 103, 103, 106), used=None)])
+
+    assert (first.samples, second.samples) == (1, 1)
+    before, after = GuestSample.objects.filter(vm=vm).order_by("ts")
+    assert (before.vcpu_util, before.ram_used_mib, before.ram_used_pct) == (None, 4096, 25.0)
+    assert (after.vcpu_util, after.vcpu_max_util) == (30.0, 100.0)  # 72 s of 4 x 60 s; one core saturated
+    assert (after.vcpus, after.ram_mib, after.ram_used_mib) == (4, 16384, None)  # memory not reported: unknown
+    assert (after.ts - before.ts).total_seconds() == 60
+
+
+def test_a_domain_the_inventory_lacks_is_counted_and_a_vm_read_on_another_host_starts_afresh():
+    node1 = HostFactory(name="node-01", hypervisor_uri="sim://node-01")
+    node2 = HostFactory(name="node-02", hypervisor_uri="sim://node-02")
+    vm = VirtualMachineFactory(name="ws-comp-01", host=node1)
+    stranger = GuestCounters(uuid="99999999-9999-4999-8999-999999999999", read_at_ns=T0 * S, vcpus=2,
+                             ram_mib=4096)
+
+    assert guest_stats.store(node1, [counters(vm, T0, (10, 10)), stranger]).unknown == 1
+    guest_stats.store(node2, [counters(vm, T0 + 60, (70, 70))])  # moved: node-02's counters are its own
+
+    assert [s.vcpu_util for s in GuestSample.objects.filter(vm=vm).order_by("ts")] == [None, None]
+    assert GuestSample.objects.count() == 2
+
+
+def test_a_reading_stored_twice_is_kept_once():
+    host = HostFactory(name="node-01", hypervisor_uri="sim://node-01")
+    vm = VirtualMachineFactory(name="ws-anim-01", host=host)
+    guest_stats.store(host, [counters(vm, T0, (1, 1))])
+    guest_stats.store(host, [counters(vm, T0, (1, 1))])
+    assert GuestSample.objects.filter(vm=vm).count() == 1
+
+
+def test_beat_reads_the_guests_every_interval(settings):
+    PeriodicTask.objects.filter(name=schedules.READ_GUEST_STATS).delete()
+    settings.HYPERVISOR_GUEST_INTERVAL_S = 30
+    schedules.ensure_default_schedules()
+    entry = PeriodicTask.objects.get(name=schedules.READ_GUEST_STATS)
+    assert entry.task == "hypervisors.tasks.read_guest_stats"
+    assert (entry.interval.every, entry.expire_seconds) == (30, 27)
