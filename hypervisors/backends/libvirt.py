@@ -13,6 +13,11 @@ its destroy of an mdev reports success without removing it), and no libvirt writ
 layout of vGPU 17+. There the `DeviceManager` given at open (the host agent's device action)
 does it, and its view of the host's types and instances is the one reported.
 
+Guest CPU and memory (`guest_counters`) come from the host, with no agent in the guest: each
+vCPU's run time, the time it waited for a host CPU where the host's kernel counts it, and the
+guest's memory use as its virtio balloon driver reports it. A guest without the driver, or whose
+`<memballoon>` has no `<stats period='...'/>` (QEMU then asks the guest nothing), reports no use.
+
 Credentials come by reference (`secret_ref`, a name in HYPERVISOR_SECRETS_DIR): an SSH private
 key for +ssh URIs, a folder of TLS material for +tls, otherwise a password file answered through
 libvirt's authentication callback. Secret contents are never logged nor put in a message.
@@ -44,6 +49,7 @@ from hypervisors.backends.base import (
     Domain,
     DomainNotFound,
     DomainSpec,
+    GuestCounters,
     HypervisorError,
     NoInstanceAvailable,
     PowerState,
@@ -297,6 +303,62 @@ def _set_memory(root: ET.Element, ram_mib: int) -> None:
         element.text = str(ram_mib * 1024)
 
 
+# Guest statistics ----------------------------------------------------------------------------
+
+#: Bulk statistics asked of every running domain in one round trip (a QEMU host answers all
+#: three; the test driver only the state, and the rest is then read domain by domain).
+_GUEST_STATS = libvirt.VIR_DOMAIN_STATS_STATE | libvirt.VIR_DOMAIN_STATS_VCPU | libvirt.VIR_DOMAIN_STATS_BALLOON
+# A domain that stopped or was undefined between the listing and the read: no longer running.
+_GONE_CODES = {libvirt.VIR_ERR_NO_DOMAIN, libvirt.VIR_ERR_OPERATION_INVALID}
+
+
+def _kib_to_mib(kib: int) -> int:
+    return int(kib) // 1024
+
+
+def guest_memory(stats: dict) -> tuple[int | None, int | None]:
+    """(used MiB, available MiB) of the guest from balloon statistics in KiB, named as
+    `virDomainMemoryStats` names them (`available`, `usable`, `unused`, `actual`, ...). The guest's
+    balloon driver alone reports `available` (the memory it sees) and what of it is free; without
+    the driver only the host's figures (`actual`, `rss`) are there, and the guest's use is not
+    known: (None, None), never 0. `usable` (what the guest could use without swapping, page cache
+    counted as free) is preferred to `unused` (free pages only), which would count the cache as used."""
+    available = stats.get("available")
+    if available is None:
+        return None, None
+    free = stats.get("usable", stats.get("unused"))
+    if free is None:
+        return None, _kib_to_mib(available)
+    return max(0, _kib_to_mib(int(available) - int(free))), _kib_to_mib(available)
+
+
+def bulk_vcpu_times(stats: dict) -> tuple[int, ...] | None:
+    """Each vCPU's cumulative run time (ns) from a bulk statistics record (`vcpu.N.time`), in vCPU
+    order; None when the record has no VCPU group (a driver that does not offer it)."""
+    times = {}
+    for key, value in stats.items():
+        parts = key.split(".")
+        if len(parts) == 3 and parts[0] == "vcpu" and parts[2] == "time" and parts[1].isdigit():
+            times[int(parts[1])] = int(value)
+    return tuple(times[index] for index in sorted(times)) or None
+
+
+def bulk_steal_ns(stats: dict) -> int | None:
+    """The time (ns) the domain's vCPUs waited for a host CPU, all vCPUs together: per vCPU its
+    `vcpu.N.delay` (the run-queue delay the guest sees as steal time), or `vcpu.N.wait` on a host
+    that reports only that. The two are the same wait read from two kernel files, so they are not
+    added up. None when the host reports neither (schedstats off, an older libvirt, the test driver)."""
+    waits: dict[int, tuple[int | None, int | None]] = {}
+    for key, value in stats.items():
+        parts = key.split(".")
+        if len(parts) == 3 and parts[0] == "vcpu" and parts[1].isdigit() and parts[2] in ("delay", "wait"):
+            delay, wait = waits.get(int(parts[1]), (None, None))
+            waits[int(parts[1])] = (int(value), wait) if parts[2] == "delay" else (delay, int(value))
+    if not waits:
+        return None
+    return sum(delay if delay is not None else wait for delay, wait in waits.values())
+
+
 # The backend ---------------------------------------------------------------------------------
 
 
@@ -542,6 +604,49 @@ class LibvirtBackend:
                 dom.undefineFlags(flags)
             except libvirt.libvirtError as again:
                 raise self._error(again, f"undefine {dom.name()}") from None
+
+    # Guest statistics ------------------------------------------------------------------------
+
+    def guest_counters(self) -> list[GuestCounters]:
+        """Every running domain's CPU and memory counters, by UUID: one bulk statistics call, and
+        a domain-by-domain read of what the host's driver leaves out of it."""
+        read_at_ns = time.time_ns()
+        try:
+            try:
+                records = self._conn.getAllDomainStats(_GUEST_STATS, libvirt.VIR_CONNECT_GET_ALL_DOMAINS_STATS_RUNNING)
+            except libvirt.libvirtError as exc:
+                if exc.get_error_code() != libvirt.VIR_ERR_NO_SUPPORT:
+                    raise
+                records = [(dom, {}) for dom in self._conn.listAllDomains(libvirt.VIR_CONNECT_LIST_DOMAINS_RUNNING)]
+        except libvirt.libvirtError as exc:
+            raise self._error(exc, "read the CPU and memory statistics of its running domains") from None
+        counters = []
+        for dom, stats in records:
+            try:
+                counters.append(self._guest_counters(dom, stats, read_at_ns))
+            except libvirt.libvirtError as exc:
+                if exc.get_error_code() in _GONE_CODES:
+                    continue
+                raise self._error(exc, f"read the CPU and memory statistics of {dom.name()}") from None
+        return sorted(counters, key=lambda c: c.uuid)
+
+    @staticmethod
+    def _guest_counters(dom: libvirt.virDomain, stats: dict, read_at_ns: int) -> GuestCounters:
+        vcpu_ns = bulk_vcpu_times(stats)
+        if vcpu_ns is None:
+            vcpu_ns = tuple(int(info[2]) for info in dom.vcpus()[0])
+        if "balloon.current" in stats:  # the BALLOON group answered, with or without the guest's driver
+            memory = {key.removeprefix("balloon."): value for key, value in stats.items()
+                      if key.startswith("balloon.")}
+            current_kib = memory["current"]
+        else:
+            memory = dom.memoryStats()
+            current_kib = memory.get("actual") or dom.info()[2]
+        used_mib, available_mib = guest_memory(memory)
+        return GuestCounters(uuid=dom.UUIDString().lower(), read_at_ns=read_at_ns,
+                             vcpus=int(stats.get("vcpu.current") or len(vcpu_ns)), ram_mib=_kib_to_mib(current_kib),
+                             vcpu_ns=vcpu_ns, steal_ns=bulk_steal_ns(stats), ram_used_mib=used_mib,
+                             ram_available_mib=available_mib)
 
     # vGPU devices ----------------------------------------------------------------------------
 

@@ -20,7 +20,12 @@ It behaves as a real host does where an operation depends on it:
   that type, up to its maximum instances; an empty GPU offers every type. `create_vgpu`
   refuses a full GPU (NoInstanceAvailable), `remove_vgpu` a device a running domain holds
   (DeviceBusy), `start` a domain whose devices are gone or held by another running domain;
-- `move_to` defines the shut-off domain on another simulated host and undefines it here.
+- `move_to` defines the shut-off domain on another simulated host and undefines it here;
+- `guest_counters` gives each running domain's vCPU and memory counters as its artist's
+  workflow would make them (`hypervisors.backends.sim_guests`): a domain's `workflow` (default
+  "other", light work) and `balloon` (default true; false for a guest without the balloon
+  driver, whose memory use is then not reported) are kept in its record, the host's
+  `cpu_contention` (steal) in the state.
 
 Mixed-size mode is not simulated. The sim-only methods below the Backend ones (`define_domain`,
 `change_domain`, `undefine`, `power_off`, `set_ignore_acpi`, `seed`) stand for what happens on
@@ -38,13 +43,16 @@ import re
 import tempfile
 import time
 import uuid as uuidlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from datetime import datetime
 from pathlib import Path
 from urllib.parse import urlsplit
+from zoneinfo import ZoneInfo
 
 from django.conf import settings
 
 from fleet.pci import InvalidPciBusId, normalize_pci_bus_id
+from hypervisors.backends import sim_guests
 from hypervisors.backends.base import (
     Backend,
     ConnectionCheck,
@@ -53,6 +61,7 @@ from hypervisors.backends.base import (
     Domain,
     DomainNotFound,
     DomainSpec,
+    GuestCounters,
     HypervisorError,
     NoInstanceAvailable,
     PowerState,
@@ -106,10 +115,11 @@ def _norm_uuid(value: str) -> str:
 class SimBackend:
     """A link to one simulated hypervisor (see the module's docstring)."""
 
-    def __init__(self, name: str, uri: str = ""):
+    def __init__(self, name: str, uri: str = "", *, clock: Callable[[], int] = time.time_ns):
         self.name = name
         self.uri = uri or f"sim://{name}"
         self.path = state_path(name)
+        self.clock = clock  # ns since the epoch: the time guest counters are read at
 
     @classmethod
     def open(cls, uri: str) -> SimBackend:
@@ -338,6 +348,21 @@ class SimBackend:
                 record["name"] = name
                 record["inactive"] = definition
 
+    def guest_counters(self) -> list[GuestCounters]:
+        state = self._read()
+        now_ns = self.clock()
+        offset_s = _utc_offset_s()
+        contention = float(state.get("cpu_contention", sim_guests.DEFAULT_CONTENTION))
+        found = []
+        for key, record in sorted(state["domains"].items()):
+            if record["state"] != PowerState.RUNNING:
+                continue
+            definition = record.get("live") or record["inactive"]
+            found.append(sim_guests.counters(key, record.get("workflow", "other"), vcpus=definition["vcpus"],
+                                             ram_mib=definition["ram_mib"], now_ns=now_ns, utc_offset_s=offset_s,
+                                             contention=contention, balloon=record.get("balloon", True)))
+        return found
+
     def close(self) -> None:
         """Nothing is held between calls."""
 
@@ -349,14 +374,16 @@ class SimBackend:
             self._write(state)
 
     def define_domain(self, name: str, *, vcpus: int, ram_mib: int, vgpus: tuple[VgpuDevice, ...] = (),
-                      uuid: str | None = None, running: bool = False) -> Domain:
-        """Define a domain as an admin would on the host itself (virt-install, virt-manager)."""
+                      uuid: str | None = None, running: bool = False, workflow: str = "other",
+                      balloon: bool = True) -> Domain:
+        """Define a domain as an admin would on the host itself (virt-install, virt-manager),
+        whose guest works as `workflow` says and has the balloon driver or not."""
         key = _norm_uuid(uuid) if uuid else str(uuidlib.uuid4())
         with self._change() as state:
             if key in state["domains"]:
                 raise HypervisorError(f"A domain with the UUID {key} exists already.")
             record = _new_record(name, {"vcpus": vcpus, "ram_mib": ram_mib,
-                                        "vgpus": [_device_key(d) for d in vgpus]})
+                                        "vgpus": [_device_key(d) for d in vgpus]}, workflow=workflow, balloon=balloon)
             if running:
                 record.update(state=PowerState.RUNNING, live=copy.deepcopy(record["inactive"]))
             state["domains"][key] = record
@@ -397,9 +424,17 @@ class SimBackend:
 # State helpers (the file's shape) -----------------------------------------------------------
 
 
-def _new_record(name: str, inactive: dict) -> dict:
+def _new_record(name: str, inactive: dict, *, workflow: str = "other", balloon: bool = True) -> dict:
     return {"name": name, "state": PowerState.SHUT_OFF, "inactive": inactive, "live": None,
-            "ignores_acpi": False, "shutdown_at": None}
+            "ignores_acpi": False, "shutdown_at": None, "workflow": workflow, "balloon": balloon}
+
+
+def _utc_offset_s() -> int:
+    """The studio's offset from UTC (settings.TIME_ZONE), in standard time all year round: the
+    simulated artists' working hours never jump an hour, so their counters never go back."""
+    zone = ZoneInfo(settings.TIME_ZONE)
+    offsets = [datetime(2024, month, 15, tzinfo=zone).utcoffset() for month in (1, 7)]
+    return int(min(offsets).total_seconds())
 
 
 def _power_off(record: dict) -> None:
@@ -489,9 +524,11 @@ def add_device(state: dict, bus_id: str, type_name: str, device_id: str | None =
 
 
 def add_domain(state: dict, uuid: str, name: str, vcpus: int, ram_mib: int, device_ids: list[str],
-               running: bool = True) -> None:
-    """Add a domain to a state being built."""
-    record = _new_record(name, {"vcpus": vcpus, "ram_mib": ram_mib, "vgpus": [i.lower() for i in device_ids]})
+               running: bool = True, *, workflow: str = "other", balloon: bool = True) -> None:
+    """Add a domain to a state being built; its guest works as `workflow` (fleet.choices.Workflow)
+    says, with the balloon driver or (`balloon` false) without."""
+    record = _new_record(name, {"vcpus": vcpus, "ram_mib": ram_mib, "vgpus": [i.lower() for i in device_ids]},
+                         workflow=workflow, balloon=balloon)
     if running:
         record.update(state=PowerState.RUNNING, live=copy.deepcopy(record["inactive"]))
     state["domains"][_norm_uuid(uuid)] = record

@@ -25,7 +25,14 @@ libvirt = require_module("libvirt", purpose="the libvirt backend tests need libv
 # After the check that libvirt-python is there:
 from hypervisors.backends import base, open_backend  # noqa: E402
 from hypervisors.backends.base import DeviceKind, DomainSpec, PowerState, VgpuDevice, VgpuType  # noqa: E402
-from hypervisors.backends.libvirt import LibvirtBackend, connection_uri  # noqa: E402
+from hypervisors.backends.libvirt import (  # noqa: E402
+    LibvirtBackend,
+    bulk_steal_ns,
+    bulk_vcpu_times,
+    connection_uri,
+    guest_memory,
+)
+from hypervisors.guest_rates import reading  # noqa: E402
 
 T4 = "00000000:3B:00.0"
 L40S = "00000000:86:00.0"
@@ -34,9 +41,11 @@ L40S_VGPU = "c0ffee00-1111-4222-8333-444455556666"
 RENDER_01 = "5a0c4f1e-8d2b-4c3a-9e61-1f2a3b4c5d6e"
 
 
-def workstation_xml(name: str, uuid: str, *, vgpus: str = "", on_poweroff: str = "destroy") -> str:
+def workstation_xml(name: str, uuid: str, *, vgpus: str = "", on_poweroff: str = "destroy",
+                    balloon: bool = True) -> str:
     """An artist's workstation as an admin would define it: disk, network, a console with a
-    password, metadata of another tool, a USB dongle and the given vGPU host devices."""
+    password, metadata of another tool, a USB dongle and the given vGPU host devices; without
+    `balloon`, no memory balloon device (the guest then reports nothing of its memory)."""
     return f"""<domain type='test'>
   <name>{name}</name>
   <uuid>{uuid}</uuid>
@@ -57,6 +66,7 @@ def workstation_xml(name: str, uuid: str, *, vgpus: str = "", on_poweroff: str =
       <source><vendor id='0x0529'/><product id='0x0001'/></source>
     </hostdev>
     {vgpus}
+    {"" if balloon else "<memballoon model='none'/>"}
   </devices>
 </domain>"""
 
@@ -326,9 +336,80 @@ def test_a_daemon_that_stops_makes_the_link_unreachable_until_it_is_back(libvirt
     assert check.message.startswith("Lost the connection to test+unix:///default")
     with pytest.raises(base.Unreachable):
         backend.list_domains()
+    with pytest.raises(base.Unreachable, match="statistics"):
+        backend.guest_counters()
 
     libvirtd.start()
     assert LibvirtBackend.open(libvirtd.uri()).check().ok
+
+
+# Guest CPU and memory ----------------------------------------------------------------------
+
+
+def test_guest_counters_give_each_running_domains_cpu_and_memory_and_skip_shut_off_ones(libvirtd, backend):
+    no_balloon, shut_off = new_uuid(), new_uuid()
+    define(libvirtd.uri(), workstation_xml("comp-02", no_balloon, balloon=False))
+    define(libvirtd.uri(), workstation_xml("anim-09", shut_off))
+    backend.start(no_balloon)
+    conn = libvirt.open(libvirtd.uri())
+    test_domain = conn.lookupByName("test")
+    stats = test_domain.memoryStats()  # the test driver's fixed figures, in KiB
+    conn.close()
+
+    before = {c.uuid: c for c in backend.guest_counters()}
+    time.sleep(1.1)
+    after = {c.uuid: c for c in backend.guest_counters()}
+
+    test_uuid = test_domain.UUIDString().lower()
+    assert set(after) == {test_uuid, no_balloon}  # anim-09 is off: nothing to read
+    test = reading(after[test_uuid], before[test_uuid])
+    assert test.vcpus == 2
+    assert test.vcpu_util is not None
+    assert test.vcpu_max_util is not None
+    assert 0 <= test.vcpu_util <= test.vcpu_max_util <= 100
+    assert test.cpu_steal_pct is None  # the test driver counts no wait
+    assert test.ram_mib == stats["actual"] // 1024
+    assert test.ram_used_mib == (stats["available"] - stats["usable"]) // 1024
+    assert after[test_uuid].ram_available_mib == stats["available"] // 1024
+    assert test.ram_used_pct == round(100 * test.ram_used_mib / test.ram_mib, 2)
+
+    comp = reading(after[no_balloon], before[no_balloon])
+    assert (comp.vcpus, comp.ram_mib, len(after[no_balloon].vcpu_ns)) == (8, 16 * 1024, 8)
+    assert comp.vcpu_util is not None
+    assert (comp.ram_used_mib, comp.ram_used_pct) == (None, None)  # no balloon driver: not reported, not 0
+
+
+def test_a_qemu_hosts_bulk_statistics_are_read_in_one_round_trip(backend):
+    """What a QEMU host answers for a guest with the balloon driver and schedstats on: every figure
+    comes from the record, none from a per-domain call."""
+    record = {"state.state": 1, "vcpu.current": 4, "vcpu.maximum": 4,
+              "balloon.current": 33554432, "balloon.maximum": 33554432, "balloon.available": 32880000,
+              "balloon.usable": 26588544, "balloon.unused": 20000000, "balloon.rss": 33600000}
+    for index, (run_s, delay_ms) in enumerate([(900, 40), (120, 12), (110, 9), (95, 8)]):
+        record[f"vcpu.{index}.state"] = 1
+        record[f"vcpu.{index}.time"] = run_s * 10**9
+        record[f"vcpu.{index}.wait"] = delay_ms * 10**6
+        record[f"vcpu.{index}.delay"] = delay_ms * 10**6
+    dom = backend._conn.lookupByName("test")
+
+    got = LibvirtBackend._guest_counters(dom, record, read_at_ns=123)
+
+    assert got.vcpu_ns == (900 * 10**9, 120 * 10**9, 110 * 10**9, 95 * 10**9)
+    assert got.steal_ns == 69 * 10**6  # wait and delay are one wait read twice: counted once
+    assert (got.vcpus, got.ram_mib, got.ram_used_mib, got.ram_available_mib) == (4, 32768, 6144, 32109)
+
+
+def test_guest_memory_is_unknown_without_the_balloon_driver_and_falls_back_to_free_pages():
+    assert guest_memory({"actual": 16777216, "rss": 16900000}) == (None, None)  # only the host's figures
+    assert guest_memory({}) == (None, None)
+    assert guest_memory({"actual": 16777216, "available": 16000000, "unused": 4000000}) == (11718, 15625)
+    assert guest_memory({"available": 16000000}) == (None, 15625)
+
+
+def test_bulk_records_without_vcpu_figures_say_so():
+    assert bulk_vcpu_times({"state.state": 1}) is None
+    assert bulk_steal_ns({"vcpu.0.time": 5, "vcpu.current": 1}) is None
+    assert bulk_steal_ns({"vcpu.0.wait": 7, "vcpu.1.delay": 3, "vcpu.1.wait": 9}) == 10
 
 
 # Credentials -------------------------------------------------------------------------------

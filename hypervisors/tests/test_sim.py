@@ -7,6 +7,7 @@ import time
 
 import pytest
 
+from hypervisors import sim_seed
 from hypervisors.backends import open_backend, sim
 from hypervisors.backends.base import (
     DeviceBusy,
@@ -18,6 +19,7 @@ from hypervisors.backends.base import (
     ShutdownTimeout,
     Unreachable,
 )
+from hypervisors.guest_rates import reading
 from hypervisors.tests.fixtures import BUS_A, BUS_B
 
 
@@ -174,3 +176,114 @@ def test_concurrent_processes_lose_no_update(node):
     assert len(node.list_domains()) == 45
     assert len(node.vgpu_devices()) == 6
     assert not list(node.path.parent.glob(".node-01.json.*"))  # no temporary file left behind
+
+
+# Guest CPU and memory ----------------------------------------------------------------------
+
+S = 1_000_000_000
+#: A Wednesday, 15:00 UTC: every simulated artist is at work.
+WEDNESDAY_AFTERNOON = 1_764_169_200 * S
+
+
+def read_twice(backend: sim.SimBackend, at_ns: int, apart_s: int = 60) -> dict:
+    """Each running domain's figures over `apart_s` seconds from `at_ns`, by UUID."""
+    backend.clock = lambda: at_ns
+    before = {c.uuid: c for c in backend.guest_counters()}
+    backend.clock = lambda: at_ns + apart_s * S
+    return {c.uuid: reading(c, before.get(c.uuid)) for c in backend.guest_counters()}
+
+
+def test_guest_figures_follow_each_vms_workflow(node, settings):
+    settings.TIME_ZONE = "UTC"
+    animation = node.define_domain("anim-01", vcpus=8, ram_mib=32768, running=True, workflow="animation")
+    modeling = node.define_domain("model-01", vcpus=8, ram_mib=32768, running=True, workflow="modeling")
+    lighting = node.define_domain("light-01", vcpus=16, ram_mib=65536, running=True, workflow="lighting")
+    legacy = node.define_domain("coord-01", vcpus=4, ram_mib=8192, running=True, balloon=False)
+    parked = node.define_domain("anim-02", vcpus=8, ram_mib=32768, workflow="animation")
+
+    got = read_twice(node, WEDNESDAY_AFTERNOON)
+
+    assert set(got) == {animation.uuid, modeling.uuid, lighting.uuid, legacy.uuid}  # anim-02 is off
+    anim = got[animation.uuid]
+    assert anim.vcpu_max_util >= 85  # the playback thread saturates one vCPU...
+    assert anim.vcpu_util <= 30  # ...while the VM as a whole is mostly idle
+    model = got[modeling.uuid]
+    assert model.vcpu_util <= 20
+    assert 3072 <= model.ram_used_mib <= 8192  # about 6 GiB of its 32
+    assert model.ram_used_pct <= 25
+    assert got[lighting.uuid].ram_used_pct > model.ram_used_pct
+    assert (got[legacy.uuid].ram_used_mib, got[legacy.uuid].ram_used_pct) == (None, None)  # not reported, not 0
+    assert got[legacy.uuid].vcpu_util is not None
+    for figures in got.values():
+        assert 0 < figures.cpu_steal_pct <= 2
+        assert figures.vcpu_util <= figures.vcpu_max_util <= 100
+    assert parked.uuid not in got
+
+
+def test_nights_are_idle_and_renders_keep_every_vcpu_busy_in_bursts(node, settings):
+    settings.TIME_ZONE = "UTC"
+    animation = node.define_domain("anim-01", vcpus=8, ram_mib=32768, running=True, workflow="animation",
+                                   uuid="0a0a0a0a-0000-4000-8000-000000000001")
+    night = read_twice(node, WEDNESDAY_AFTERNOON - 12 * 3600 * S)  # 03:00
+    assert night[animation.uuid].vcpu_max_util < 10
+
+    renders = [node.define_domain(f"light-{n:02d}", vcpus=16, ram_mib=65536, running=True, workflow="lighting",
+                                  uuid=f"0b0b0b0b-0000-4000-8000-00000000000{n}") for n in range(3)]
+    shares = {r.uuid: [] for r in renders}
+    for step in range(0, 9 * 3600, 300):  # 10:00 to 19:00, every 5 minutes
+        got = read_twice(node, WEDNESDAY_AFTERNOON - 5 * 3600 * S + step * S, apart_s=300)
+        for render in renders:
+            shares[render.uuid].append(got[render.uuid].vcpu_util)
+    for day in shares.values():
+        assert max(day) > 80  # a render: all 16 vCPUs busy
+        assert min(day) < 30  # between renders, interactive work
+
+
+def test_counters_agree_between_processes_and_never_go_back(node, settings):
+    settings.TIME_ZONE = "Europe/Paris"
+    vm = node.define_domain("comp-01", vcpus=4, ram_mib=16384, running=True, workflow="compositing")
+    other_process = sim.SimBackend.open("sim://node-01")
+    node.clock = other_process.clock = lambda: WEDNESDAY_AFTERNOON
+    assert node.guest_counters() == other_process.guest_counters()
+
+    previous = None
+    for step in range(0, 9 * 24 * 3600, 1200):  # nine days every 20 minutes, across a week's end
+        node.clock = lambda step=step: WEDNESDAY_AFTERNOON + step * S
+        (current,) = node.guest_counters()
+        if previous is not None:
+            figures = reading(current, previous)
+            assert figures.vcpu_util is not None, f"a counter went back {step} s on"
+            assert 0 <= figures.vcpu_util <= 100
+            assert current.steal_ns >= previous.steal_ns
+        previous = current
+    assert current.uuid == vm.uuid
+
+
+def test_a_state_file_from_before_workflows_still_reads(node):
+    vm = node.define_domain("ws-01", vcpus=4, ram_mib=16384, running=True)
+    state = json.loads(node.path.read_text())
+    for key in ("workflow", "balloon"):
+        del state["domains"][vm.uuid][key]
+    node.seed(state)
+
+    got = read_twice(node, WEDNESDAY_AFTERNOON)[vm.uuid]
+
+    assert got.vcpu_util <= 20  # light work
+    assert got.ram_used_mib is not None
+
+
+def test_the_seeded_demo_gives_guests_their_artists_workflow_and_one_no_balloon_driver(linked):
+    linked.vm_b.artist.workflow = "other"
+    linked.vm_b.artist.save()
+    linked.vm_a.artist.workflow = "animation"
+    linked.vm_a.artist.save()
+    sim_seed.seed_host(linked.host)
+
+    state = json.loads(linked.sim.path.read_text())
+    records = {r["name"]: r for r in state["domains"].values()}
+    assert (records["ws-a"]["workflow"], records["ws-a"]["balloon"]) == ("animation", True)
+    assert (records["ws-b"]["workflow"], records["ws-b"]["balloon"]) == ("other", False)
+    assert 0 < state["cpu_contention"] <= 0.02
+    got = read_twice(linked.sim, WEDNESDAY_AFTERNOON)
+    assert got[str(linked.vm_b.uuid)].ram_used_mib is None
+    assert got[str(linked.vm_a.uuid)].ram_used_mib > 0
