@@ -115,11 +115,12 @@ def _norm_uuid(value: str) -> str:
 class SimBackend:
     """A link to one simulated hypervisor (see the module's docstring)."""
 
-    def __init__(self, name: str, uri: str = "", *, clock: Callable[[], int] = time.time_ns):
+    def __init__(self, name: str, uri: str = "", *, clock: Callable[[], int] | None = None):
         self.name = name
         self.uri = uri or f"sim://{name}"
         self.path = state_path(name)
-        self.clock = clock  # ns since the epoch: the time guest counters are read at
+        # ns since the epoch: the time guest counters are read at (time.time_ns, looked up at each reading)
+        self.clock = clock or (lambda: time.time_ns())
 
     @classmethod
     def open(cls, uri: str) -> SimBackend:

@@ -66,3 +66,38 @@ def test_beat_reads_the_guests_every_interval(settings):
     entry = PeriodicTask.objects.get(name=schedules.READ_GUEST_STATS)
     assert entry.task == "hypervisors.tasks.read_guest_stats"
     assert (entry.interval.every, entry.expire_seconds) == (30, 27)
+
+
+def test_a_linked_hosts_guests_are_read_by_the_task_and_rolled_up(linked, monkeypatch, settings):
+    """node-01's simulated hypervisor read twice a minute apart on a working afternoon: ws-a (an
+    animator's) has one vCPU saturated, ws-b's guest has no balloon driver; the hourly rollup has both."""
+    from datetime import timedelta
+
+    from hypervisors import sim_seed, tasks
+    from hypervisors.backends import sim
+    from telemetry.models import GuestRollup
+    from telemetry.rollups import build_rollups
+
+    settings.TIME_ZONE = "UTC"
+    linked.vm_a.artist.workflow = "animation"
+    linked.vm_a.artist.save()
+    linked.vm_b.artist.workflow = "other"
+    linked.vm_b.artist.save()
+    sim_seed.seed_host(linked.host)
+    wednesday = 1_764_169_200 * S  # 15:00 UTC: the artists are at work
+    moments = iter([wednesday, wednesday + 60 * S])
+    now = next(moments)
+    monkeypatch.setattr(sim.time, "time_ns", lambda: now)
+    first = tasks.read_guest_stats()
+    now = next(moments)
+    second = tasks.read_guest_stats()
+
+    assert (first["samples"], second["samples"], second["failed"]) == (2, 2, 0)
+    ana = GuestSample.objects.filter(vm=linked.vm_a).order_by("ts").last()
+    assert ana.vcpu_max_util >= 85  # one vCPU saturated
+    assert ana.vcpu_util <= 30  # the others idle
+    assert GuestSample.objects.filter(vm=linked.vm_b).order_by("ts").last().ram_used_mib is None
+    build_rollups(3600, now=ana.ts + timedelta(hours=1), late_s=0)
+    hour = GuestRollup.objects.get(vm=linked.vm_a, step_s=3600)
+    assert (hour.samples, hour.vcpus, hour.ram_mib) == (2, 8, 32768)
+    assert GuestRollup.objects.get(vm=linked.vm_b, step_s=3600).ram_used_mib_p95 is None
