@@ -23,7 +23,11 @@ What Proxmox VE calls things here:
   layout the physical function lists none and each free VF lists what the GPU can take now, each
   with "available: 1" (a VF holding a vGPU lists nothing), so a type's available count is the
   catalog's count of that size per GPU less the vGPUs present, and at most the free VFs;
-- a cold move is the API's offline migration to another node of the same cluster.
+- a cold move is the API's offline migration to another node of the same cluster;
+- a guest's CPU and memory (`guest_counters`) are what pvestatd and QEMU report in the node's VM
+  listing (`full=1`): the share of its vCPUs the VM used, and, when the guest runs the VirtIO
+  balloon driver, the memory it uses. Proxmox VE reports neither each vCPU's share nor steal
+  time through its API.
 
 Every failure becomes a HypervisorError whose message says what was being done and why, in the
 words an admin acts on (DNS, refused, TLS, credentials, permissions, the task's exit status).
@@ -59,6 +63,7 @@ from hypervisors.backends.base import (
     Domain,
     DomainNotFound,
     DomainSpec,
+    GuestCounters,
     HypervisorError,
     NoInstanceAvailable,
     PowerState,
@@ -78,6 +83,7 @@ CALL_TIMEOUT_S = 60.0
 #: How long a Proxmox VE task (start, configuration, migration) may run before the backend gives up on it.
 TASK_TIMEOUT_S = 600.0
 TASK_POLL_S = 0.2
+MIB = 1024 * 1024
 SHUTDOWN_POLL_S = 0.25
 MAX_HOSTPCI = 16
 #: What the product asks of the user on the node's VMs, by Proxmox VE's privilege names.
@@ -246,6 +252,8 @@ class ProxmoxBackend(in_definition.DevicesInDefinition):
         self._shutdowns: dict[int, str] = {}  # VM id -> the shutdown task still running
         self._vmids: dict[str, int] = {}  # SMBIOS UUID -> VM id, as last found on this node
         self._names: dict[str, str] | None = None  # vGPU type id -> name (`_type_names`)
+        # (VM id, QEMU pid) -> (SMBIOS UUID, has a balloon device): what a running VM started with.
+        self._started: dict[tuple[int, int], tuple[str, bool]] = {}
 
     @classmethod
     def open(cls, uri: str, *, secret_ref: str = "", devices: DeviceManager | None = None) -> ProxmoxBackend:
@@ -499,6 +507,62 @@ class ProxmoxBackend(in_definition.DevicesInDefinition):
         return self._domain({**status, "vmid": vmid}, config, names)
 
     # Tasks and power -----------------------------------------------------------------------------
+
+    # Guest figures -----------------------------------------------------------------------------
+
+    def _started_with(self, vmid: int, pid: int) -> tuple[str, bool]:
+        """The SMBIOS UUID of a running VM and whether it has a balloon device (`balloon: 0` takes
+        it away), from its configuration, read once per start: both take effect only at a start,
+        and each start runs a new QEMU process (its pid)."""
+        key = (vmid, pid)
+        if key not in self._started:
+            config = self._config(vmid)
+            self._started[key] = (_smbios_uuid(config, vmid), str(config.get("balloon", "")).strip() != "0")
+        return self._started[key]
+
+    def guest_counters(self) -> list[GuestCounters]:
+        """The CPU and memory of every running VM of the node, from one call, the node's VM
+        listing with `full=1` (a VM's configuration is read too the first time it is seen
+        running, for its SMBIOS UUID):
+
+        - vcpu_pct: `cpu`, the fraction of its vCPUs the VM used since the API's worker last
+          looked (pvestatd and the API read it every 10 s or so);
+        - ram_used_mib: the guest's total_mem - free_mem from `ballooninfo`, which QEMU's balloon
+          device gives only while the guest runs the VirtIO balloon driver; otherwise None,
+          never 0. The listing's `mem` is not used without it: that is the QEMU process's
+          resident memory, which grows to all of the guest's RAM and never shrinks;
+        - vcpu_max_pct and steal_pct: None. Proxmox VE's API reports neither a share per vCPU nor
+          the time vCPUs waited for a host CPU (its `pressurecpusome` is the whole VM's cgroup
+          pressure, which is not steal).
+
+        A running VM whose listing carries no `ballooninfo` but that has a balloon device is
+        asked for its status/current, which reads the balloon device itself."""
+        action = f"read the guest figures of the VMs of {self._node}"
+        rows = self._call(action, lambda api: api.nodes(self._node).qemu.get(full=1)) or []
+        read_at_ns = time.time_ns()
+        found = []
+        for row in rows:
+            if row.get("status") != "running" or int(row.get("template") or 0):
+                continue
+            vmid = int(row["vmid"])
+            try:
+                uuid, has_balloon = self._started_with(vmid, int(row.get("pid") or 0))
+                info = row.get("ballooninfo")
+                if info is None and has_balloon:
+                    info = self._status(vmid).get("ballooninfo")
+            except DomainNotFound:
+                continue  # removed since the listing
+            info = info or {}
+            total, free = info.get("total_mem"), info.get("free_mem")
+            known = total is not None and free is not None
+            cpu = row.get("cpu")
+            found.append(GuestCounters(
+                uuid=uuid, read_at_ns=read_at_ns, vcpus=int(row.get("cpus") or 0),
+                ram_mib=int(row.get("maxmem") or 0) // MIB,
+                ram_used_mib=max(0, int(total) - int(free)) // MIB if known else None,
+                ram_available_mib=int(total) // MIB if known else None,
+                vcpu_pct=round(min(100.0, max(0.0, float(cpu)) * 100), 2) if cpu is not None else None))
+        return sorted(found, key=lambda c: c.uuid)
 
     def _wait(self, upid: object, action: str, *, timeout_s: float = 0.0) -> None:
         """Wait for a task (its UPID); its exit status other than OK, or its running past

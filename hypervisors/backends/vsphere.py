@@ -20,7 +20,12 @@ What vSphere calls things here:
   named here as the driver does ("GRID T4-4Q", "NVIDIA L40S-12Q") so the catalog's profiles
   match them; how many more a GPU takes is worked out from its memory (graphicsInfo) and the
   vGPUs of the VMs it runs, as vSphere admits time-sliced vGPUs: one size per GPU unless the
-  host runs it in mixed-size mode.
+  host runs it in mixed-size mode;
+- a guest's CPU and memory (`guest_counters`) are what ESXi measures from outside the guest: the
+  quick stats vCenter refreshes every 20 s (CPU used in MHz against the VM's entitlement of
+  vCPUs x the host's core clock; active guest memory, trusted only while VMware Tools run) and
+  the performance manager's last real-time sample (each vCPU's MHz, and the ready time its vCPUs
+  spent waiting for a host CPU).
 
 Every failure becomes a HypervisorError whose message says what was being done and why, in the
 words an admin acts on (DNS, refused, TLS, credentials, permissions, the task's fault).
@@ -53,6 +58,7 @@ from hypervisors.backends.base import (
     Domain,
     DomainNotFound,
     DomainSpec,
+    GuestCounters,
     HypervisorError,
     NoInstanceAvailable,
     PowerState,
@@ -90,6 +96,14 @@ _STATES = {"poweredOn": PowerState.RUNNING, "poweredOff": PowerState.SHUT_OFF, "
 _VM_PATHS = ["name", "runtime.host", "runtime.powerState", "config.uuid", "config.template", "config.hardware.numCPU",
              "config.hardware.numCoresPerSocket", "config.hardware.memoryMB", "config.hardware.device",
              "config.extraConfig"]
+_GUEST_PATHS = ["runtime.host", "runtime.powerState", "config.uuid", "config.template", "config.hardware.numCPU",
+                "config.hardware.memoryMB", "summary.quickStats.overallCpuUsage",
+                "summary.quickStats.guestMemoryUsage", "guest.toolsRunningStatus"]
+#: The real-time statistics' sample interval, s (vSphere's fixed 20 s).
+REALTIME_INTERVAL_S = 20
+#: The performance counters `guest_counters` reads (group.name.rollup, as vSphere names them).
+USAGE_MHZ_COUNTER = "cpu.usagemhz.average"
+READY_COUNTER = "cpu.ready.summation"
 
 
 # Names -------------------------------------------------------------------------------------------
@@ -114,6 +128,14 @@ def framebuffer_gib(vsphere_type: str) -> int:
     """The frame buffer a type gives its VM, from its name ("grid_t4-4q": 4; "grid_a100-4-20c": 20); 0 unknown."""
     match = _FB_GIB.search(vsphere_type.strip())
     return int(match["gib"]) if match else 0
+
+
+def _percent(part: float, whole: float) -> float | None:
+    """`part` of `whole` in %, at most 100 (a turbo clock can lift usage past the nominal); None
+    when there is no whole to measure against."""
+    if whole <= 0 or part < 0:
+        return None
+    return round(min(100.0, 100.0 * part / whole), 2)
 
 
 def _bus_id(pci_id: str) -> str:
@@ -226,6 +248,8 @@ class VsphereBackend(in_definition.DevicesInDefinition):
         self._datacenter = datacenter
         self._host_mo = host
         self._host_name = self._where_name = host.name
+        self._host_cpu_mhz: int | None = None  # read once: a vCPU's full share in guest_counters
+        self._counter_keys: dict[str, int] | None = None  # the performance counters' keys, read once
 
     @classmethod
     def open(cls, uri: str, *, secret_ref: str = "", devices: DeviceManager | None = None) -> VsphereBackend:
@@ -340,14 +364,15 @@ class VsphereBackend(in_definition.DevicesInDefinition):
     def _offered(self) -> list[str]:
         return self._host_config()[1]
 
-    def _datacenter_vm_rows(self) -> list[tuple[object, dict]]:
-        """Every VM of the datacenter with its properties, in one round trip (through a container view)."""
+    def _datacenter_vm_rows(self, paths: list[str] = _VM_PATHS) -> list[tuple[object, dict]]:
+        """Every VM of the datacenter with its properties `paths`, in one round trip (through a
+        container view)."""
         view = self._content.viewManager.CreateContainerView(self._datacenter.vmFolder, [vim.VirtualMachine], True)
         try:
             collector = vmodl.query.PropertyCollector
             traversal = collector.TraversalSpec(name="view", path="view", skip=False, type=vim.view.ContainerView)
             spec = collector.FilterSpec(objectSet=[collector.ObjectSpec(obj=view, skip=True, selectSet=[traversal])],
-                                        propSet=[collector.PropertySpec(type=vim.VirtualMachine, pathSet=_VM_PATHS)])
+                                        propSet=[collector.PropertySpec(type=vim.VirtualMachine, pathSet=paths)])
             found = self._content.propertyCollector.RetrieveContents([spec]) or []
         finally:
             with contextlib.suppress(vmodl.MethodFault, OSError):
@@ -437,6 +462,117 @@ class VsphereBackend(in_definition.DevicesInDefinition):
             return self._domain(vm, props, self._placements())
         except Exception as exc:  # noqa: BLE001
             raise self._error(exc, f"read VM {uuid}") from None
+
+    # Guest figures -----------------------------------------------------------------------------
+
+    def _cpu_mhz(self) -> int:
+        """The host's core clock (summary.hardware.cpuMhz): what one vCPU busy all the time uses."""
+        if self._host_cpu_mhz is None:
+            rows = self._properties([self._host_mo], vim.HostSystem, ["summary.hardware.cpuMhz"])
+            self._host_cpu_mhz = int((rows[0][1] if rows else {}).get("summary.hardware.cpuMhz") or 0)
+        return self._host_cpu_mhz
+
+    def _counters(self) -> dict[str, int]:
+        """The keys of the performance counters `guest_counters` reads, by name: each vCenter
+        numbers its counters itself, so they are looked up by name, once per link."""
+        if self._counter_keys is None:
+            wanted = {USAGE_MHZ_COUNTER, READY_COUNTER}
+            keys = {}
+            for info in self._content.perfManager.perfCounter or []:
+                name = f"{info.groupInfo.key}.{info.nameInfo.key}.{info.rollupType}"
+                if name in wanted:
+                    keys[name] = info.key
+            self._counter_keys = keys
+        return self._counter_keys
+
+    def _realtime(self, vms: list[tuple[object, int]]) -> dict[str, tuple[list[int], int | None, int]]:
+        """Per VM (managed object id): the last real-time sample of each vCPU's MHz, its vCPUs'
+        ready time (ms, all together) and the sample's length (s), in one QueryPerf call for the
+        VMs `vms` (VM, vCPUs). A VM without a sample yet (just powered on) is left out."""
+        keys = self._counters()
+        usage, ready = keys.get(USAGE_MHZ_COUNTER), keys.get(READY_COUNTER)
+        specs = []
+        for vm, vcpus in vms:
+            metrics = [vim.PerformanceManager.MetricId(counterId=usage, instance=str(index))
+                       for index in range(vcpus)] if usage is not None else []
+            if ready is not None:
+                metrics.append(vim.PerformanceManager.MetricId(counterId=ready, instance=""))
+            if metrics:
+                specs.append(vim.PerformanceManager.QuerySpec(entity=vm, metricId=metrics,
+                                                              intervalId=REALTIME_INTERVAL_S, maxSample=1))
+        if not specs:
+            return {}
+        samples = {}
+        for entity in self._content.perfManager.QueryPerf(querySpec=specs) or []:
+            if not entity.sampleInfo:
+                continue
+            interval_s = int(entity.sampleInfo[-1].interval or REALTIME_INTERVAL_S)
+            vcpu_mhz, ready_ms = [], None
+            for series in entity.value or []:
+                value = series.value[-1] if series.value else -1
+                if value < 0:
+                    continue  # vSphere's -1: no value in this sample
+                if series.id.counterId == usage and series.id.instance:
+                    vcpu_mhz.append(int(value))
+                elif series.id.counterId == ready and not series.id.instance:
+                    ready_ms = int(value)
+            samples[entity.entity._moId] = (vcpu_mhz, ready_ms, interval_s)
+        return samples
+
+    def guest_counters(self) -> list[GuestCounters]:
+        """The CPU and memory of every powered-on VM of the host, as ESXi sees them from outside
+        the guest: the VM's properties in one PropertyCollector round trip, then one QueryPerf.
+
+        - vcpu_pct: quickStats.overallCpuUsage (MHz) of the VM's entitlement, its vCPUs x the
+          host's core clock (the quick stats cover the last 20 s);
+        - vcpu_max_pct: the busiest vCPU's MHz (real-time counter cpu.usagemhz.average, one
+          instance per vCPU) of the core clock;
+        - steal_pct: ready time (cpu.ready.summation, ms over the 20 s sample, all vCPUs
+          together) of the sample's length x vCPUs: time the vCPUs were ready to run but waited
+          for a host CPU;
+        - ram_used_mib: quickStats.guestMemoryUsage, the guest's active memory (MB) ESXi
+          estimates, only while VMware Tools run in the guest (guest.toolsRunningStatus); without
+          them the memory is unknown (None), never 0. Active memory is what the guest touched
+          lately, less than what it has in use, so it reads low rather than high.
+
+        A figure the host does not give (no quick stats yet, no real-time sample, the
+        performance manager refusing the query) is None; the others are still given."""
+        action = f"read the guest figures of the VMs of {self._host_name}"
+        try:
+            mhz = self._cpu_mhz()
+            rows = [(vm, props) for vm, props in self._datacenter_vm_rows(_GUEST_PATHS)
+                    if getattr(props.get("runtime.host"), "_moId", None) == self._host_mo._moId
+                    and props.get("runtime.powerState") == "poweredOn"
+                    and props.get("config.uuid") and not props.get("config.template")]
+        except Exception as exc:  # noqa: BLE001
+            raise self._error(exc, action) from None
+        read_at_ns = time.time_ns()
+        vcpus_of = {vm._moId: int(props.get("config.hardware.numCPU") or 0) for vm, props in rows}
+        try:
+            samples = self._realtime([(vm, vcpus_of[vm._moId]) for vm, _ in rows])
+        except (vmodl.MethodFault, OSError, HTTPException) as exc:
+            # The quick stats still say the most; the busiest vCPU and ready time wait for the next reading.
+            log.warning("%s gave no real-time CPU samples for %s: %s", self._target.where, self._host_name,
+                        _fault_text(exc) if isinstance(exc, vmodl.MethodFault) else exc)
+            samples = {}
+        except Exception as exc:  # noqa: BLE001
+            raise self._error(exc, action) from None
+        found = []
+        for vm, props in rows:
+            vcpus = vcpus_of[vm._moId]
+            used_mhz = props.get("summary.quickStats.overallCpuUsage")
+            vcpu_pct = _percent(used_mhz, vcpus * mhz) if used_mhz is not None else None
+            vcpu_mhz, ready_ms, interval_s = samples.get(vm._moId, ([], None, REALTIME_INTERVAL_S))
+            vcpu_max_pct = _percent(max(vcpu_mhz), mhz) if vcpu_mhz else None
+            steal_pct = _percent(ready_ms, interval_s * 1000 * vcpus) if ready_ms is not None else None
+            tools = props.get("guest.toolsRunningStatus") == "guestToolsRunning"
+            active_mb = props.get("summary.quickStats.guestMemoryUsage")
+            found.append(GuestCounters(
+                uuid=props["config.uuid"].lower(), read_at_ns=read_at_ns, vcpus=vcpus,
+                ram_mib=int(props.get("config.hardware.memoryMB") or 0),
+                ram_used_mib=int(active_mb) if tools and active_mb is not None else None,
+                vcpu_pct=vcpu_pct, vcpu_max_pct=vcpu_max_pct, steal_pct=steal_pct))
+        return sorted(found, key=lambda c: c.uuid)
 
     # Power -----------------------------------------------------------------------------------
 

@@ -41,6 +41,14 @@ What it reproduces of Proxmox VE 8 (pve-manager 8.2, qemu-server 8.2, pve-http-s
   resource mapping): other users and every API token, root@pam's included, get HTTP 500
   "only root can set 'hostpci0' config for non-mapped devices" (qemu-server checks the
   authenticated id against 'root@pam'); `root_tokens_may_set_raw_pci=True` relaxes that.
+- Guest figures, as pvestatd and QEMU report them (configurable per VM: VmSpec's cpu_load,
+  guest_used_mib and balloon_driver, or `set_guest`): a running VM's `cpu` is the fraction of its
+  vCPUs it used, and its `mem` the QEMU process's resident memory (all the guest's RAM touched,
+  plus QEMU's own). With `full=1` the listing, and status/current always, add `ballooninfo`
+  (bytes) from the VM's balloon device (absent with `balloon: 0`): `actual` and `max_mem`, plus
+  the guest's `total_mem`, `free_mem`, swap and page-fault counters and `last_update` when the
+  guest runs the VirtIO balloon driver, in which case `mem` is total_mem - free_mem and
+  `freemem` and `balloon` are given too, as qemu-server's vmstatus does.
 - Guests: a VM powers off `shutdown_delay_s` after an ACPI shutdown; a stubborn one (a guest
   without the agent that ignores ACPI) never does, and the shutdown task fails after its
   timeout with "VM quit/powerdown failed - got timeout" (or stops it with forceStop=1).
@@ -50,10 +58,13 @@ nodes pve1 and pve2, each with two Tesla T4 (16 GiB) at 0000:3b:00.0 and 0000:5e
 Intel X710 NIC and a Samsung NVMe drive (no mdev). On pve1: VM 101 "ws-anim-01" (4 cores,
 16384 MiB, running, T4-4Q on 0000:3b:00.0), VM 102 "ws-light-01" (8 cores, 32768 MiB, running,
 T4-8Q on 0000:5e:00.0), VM 103 "ws-model-01" (4 cores, 8192 MiB, running, T4-8Q on
-0000:5e:00.0, stubborn), VM 104 "build-agent" (2 cores, 4096 MiB, stopped, no GPU). On pve2:
+0000:5e:00.0, stubborn, no balloon driver), VM 104 "build-agent" (2 cores, 4096 MiB, stopped, no GPU). On pve2:
 VM 201 "ws-comp-01" (4 cores, 16384 MiB, stopped, T4-2Q on 0000:3b:00.0). So pve1's first GPU
 has room for three more 4Q, its second is full (two 8Q), and pve2's GPUs are empty. A resource
 mapping "t4" names both GPUs of both nodes (`hostpciN: mapping=t4,mdev=...`).
+The running VMs' guests: 101 uses a quarter of its vCPUs and 6144 MiB, 102 half of its vCPUs and
+24576 MiB, both through the balloon driver; 103 uses 90 % of its vCPUs and runs no balloon
+driver, so its memory use is not known.
 
 The SR-IOV inventory (`sriov_inventory()`, NVIDIA vGPU 17+ on Ada as Proxmox VE 8.3+ shows it):
 cluster "studio" with one node, pve3, holding an NVIDIA L40S (48 GiB) whose physical function
@@ -73,7 +84,7 @@ LIMITED_PASSWORD), who may read and change configurations and migrate but not po
 (no VM.PowerMgmt) nor set raw PCI devices.
 
 Control methods for tests (thread-safe): `fail_next(task_type, message)`, `hang_next(task_type)`,
-`set_stubborn(vmid)`, `set_shutdown_delay(vmid, seconds)`, `expire_tickets()`,
+`set_stubborn(vmid)`, `set_shutdown_delay(vmid, seconds)`, `set_guest(vmid, ...)`, `expire_tickets()`,
 `deny(user, privilege)`; `vm(vmid)` and `instances(node, pci)` show the state; `requests` lists
 the requests served (method, path, status, user).
 
@@ -152,6 +163,10 @@ LIMITED_USER = "ops@pve"
 LIMITED_PASSWORD = "pve-ops-secret"
 VERSION = {"version": "8.2.4", "release": "8.2", "repoid": "faa83925"}
 DEFAULT_SHUTDOWN_DELAY_S = 0.2
+MIB = 1024 * 1024
+DEFAULT_CPU_LOAD = 0.043  # an idle guest's share of its vCPUs
+GUEST_RESERVED_MIB = 196  # what firmware and the guest's kernel keep back of its RAM (MemTotal is less)
+QEMU_OVERHEAD_MIB = 256  # QEMU's own memory, on top of the guest's RAM in its resident set
 DEFAULT_SHUTDOWN_TIMEOUT_S = 60.0  # qemu-server's when the request gives none
 STOP_TIMEOUT_S = 5.0
 
@@ -218,6 +233,9 @@ class VmSpec:
     stubborn: bool = False
     sockets: int = 1
     shutdown_delay_s: float = DEFAULT_SHUTDOWN_DELAY_S
+    cpu_load: float = DEFAULT_CPU_LOAD  # while running: the fraction of its vCPUs it uses (pvestatd's cpu)
+    guest_used_mib: int | None = None  # while running: memory the guest uses (None: half of its RAM)
+    balloon_driver: bool = True  # the guest runs the VirtIO balloon driver (reports its memory)
 
 
 @dataclass(frozen=True)
@@ -251,10 +269,12 @@ def default_inventory() -> Inventory:
         cluster=CLUSTER,
         gpus={node: GPU_BUS_IDS for node in NODES},
         vms=[
-            VmSpec(VM_ANIM, NODE, "ws-anim-01", 4, 16384, True, (f"{GPU_BUS_IDS[0]},mdev={TYPE_4Q}",)),
-            VmSpec(VM_LIGHT, NODE, "ws-light-01", 8, 32768, True, (f"{GPU_BUS_IDS[1]},mdev={TYPE_8Q}",)),
+            VmSpec(VM_ANIM, NODE, "ws-anim-01", 4, 16384, True, (f"{GPU_BUS_IDS[0]},mdev={TYPE_4Q}",),
+                   cpu_load=0.25, guest_used_mib=6144),
+            VmSpec(VM_LIGHT, NODE, "ws-light-01", 8, 32768, True, (f"{GPU_BUS_IDS[1]},mdev={TYPE_8Q}",),
+                   cpu_load=0.5, guest_used_mib=24576),
             VmSpec(VM_MODEL, NODE, "ws-model-01", 4, 8192, True, (f"{GPU_BUS_IDS[1]},mdev={TYPE_8Q}",),
-                   stubborn=True),
+                   stubborn=True, cpu_load=0.9, balloon_driver=False),
             VmSpec(VM_BUILD, NODE, "build-agent", 2, 4096, False),
             VmSpec(VM_COMP, OTHER_NODE, "ws-comp-01", 4, 16384, False, (f"{GPU_BUS_IDS[0]},mdev={TYPE_2Q}",)),
         ],
@@ -304,6 +324,9 @@ class _Vm:
     pending_delete: list[str] = field(default_factory=list)
     started_at: float = 0.0
     pid: int = 0
+    cpu_load: float = DEFAULT_CPU_LOAD
+    guest_used_mib: int | None = None
+    balloon_driver: bool = True
 
 
 @dataclass
@@ -434,7 +457,8 @@ class PveFake:
         }
         for index, value in enumerate(spec.hostpci):
             config[f"hostpci{index}"] = value
-        vm = _Vm(spec.vmid, spec.node, config, False, spec.stubborn, spec.shutdown_delay_s)
+        vm = _Vm(spec.vmid, spec.node, config, False, spec.stubborn, spec.shutdown_delay_s, cpu_load=spec.cpu_load,
+                 guest_used_mib=spec.guest_used_mib, balloon_driver=spec.balloon_driver)
         self._vms[spec.vmid] = vm
         if spec.running:
             plan = self._plan_instances(vm)
@@ -543,6 +567,19 @@ class PveFake:
         """How long a VM's guest takes to power off after an ACPI shutdown request."""
         with self._lock:
             self._vms[vmid].shutdown_delay_s = seconds
+
+    def set_guest(self, vmid: int, *, cpu_load: float | None = None, used_mib: int | None = None,
+                  balloon_driver: bool | None = None) -> None:
+        """What a VM's guest does while it runs: the fraction of its vCPUs it uses, the memory it
+        uses (MiB), and whether it runs the balloon driver that reports that memory."""
+        with self._lock:
+            vm = self._vms[vmid]
+            if cpu_load is not None:
+                vm.cpu_load = cpu_load
+            if used_mib is not None:
+                vm.guest_used_mib = used_mib
+            if balloon_driver is not None:
+                vm.balloon_driver = balloon_driver
 
     def expire_tickets(self) -> None:
         """End every ticket and CSRF token issued so far, as a ticket's two hours passing would:
@@ -901,10 +938,25 @@ class PveFake:
 
     def _get_qemu_list(self, caller: _Caller, params: dict, node: str) -> list[dict]:
         self._node(node)
-        return [self._vm_summary(vm) for vm in sorted(self._vms.values(), key=lambda v: v.vmid)
+        full = params.get("full") in ("1", "true")
+        return [self._vm_summary(vm, full=full) for vm in sorted(self._vms.values(), key=lambda v: v.vmid)
                 if vm.node == node and self._may(caller, "VM.Audit")]
 
-    def _vm_summary(self, vm: _Vm) -> dict:
+    @staticmethod
+    def _balloon_info(vm: _Vm, maxmem: int) -> dict | None:
+        """What QEMU's query-balloon answers qemu-server (bytes), None without a balloon device."""
+        if str(vm.config.get("balloon", "")).strip() == "0":
+            return None
+        # The balloon stays deflated (actual = all its RAM): pvestatd inflates it only under host memory pressure.
+        info = {"actual": maxmem, "max_mem": maxmem}
+        if vm.balloon_driver:
+            total = max(0, info["actual"] - GUEST_RESERVED_MIB * MIB)
+            used = (vm.guest_used_mib if vm.guest_used_mib is not None else maxmem // MIB // 2) * MIB
+            info.update(total_mem=total, free_mem=max(0, total - used), mem_swapped_in=0, mem_swapped_out=0,
+                        major_page_faults=1873, minor_page_faults=48_213_344, last_update=int(time.time()) - 3)
+        return info
+
+    def _vm_summary(self, vm: _Vm, *, full: bool = False) -> dict:
         maxmem = int(vm.config.get("memory", "512")) * 1024 * 1024
         cpus = int(vm.config.get("cores", "1")) * int(vm.config.get("sockets", "1"))
         out = {"vmid": vm.vmid, "name": vm.config.get("name", f"VM {vm.vmid}"),
@@ -912,8 +964,13 @@ class PveFake:
                "maxdisk": 137_438_953_472, "disk": 0, "netin": 0, "netout": 0, "diskread": 0, "diskwrite": 0,
                "cpu": 0.0, "mem": 0, "uptime": 0}
         if vm.running:
-            out.update(uptime=int(time.time() - vm.started_at), pid=vm.pid, cpu=0.043, mem=maxmem // 2,
-                       netin=1_234_567, netout=7_654_321)
+            out.update(uptime=int(time.time() - vm.started_at), pid=vm.pid, cpu=vm.cpu_load,
+                       mem=maxmem + QEMU_OVERHEAD_MIB * MIB, netin=1_234_567, netout=7_654_321)
+            info = self._balloon_info(vm, maxmem) if full else None
+            if info is not None:
+                out.update(ballooninfo=info, balloon=info["actual"], maxmem=info["max_mem"])
+                if "total_mem" in info:
+                    out.update(mem=info["total_mem"] - info["free_mem"], freemem=info["free_mem"])
         if "tags" in vm.config:
             out["tags"] = vm.config["tags"]
         return out
@@ -1063,7 +1120,7 @@ class PveFake:
     def _get_status(self, caller: _Caller, params: dict, node: str, vmid: str) -> dict:
         vm = self._vm_on(node, vmid)
         self._check(caller, f"/vms/{vm.vmid}", "VM.Audit")
-        out = self._vm_summary(vm)
+        out = self._vm_summary(vm, full=True)
         out.update(qmpstatus="running" if vm.running else "stopped", ha={"managed": 0},
                    agent=0 if vm.stubborn else 1)
         if vm.running:

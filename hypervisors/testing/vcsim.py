@@ -12,7 +12,9 @@ shared between processes through a lock file.
 The launcher's inventory (see its source): datacenter DC0 with standalone host DC0_H0 and cluster
 DC0_C0 (hosts DC0_C0_H0..2); every host has two Tesla T4 GPUs offering grid_t4-1q..16q;
 DC0_H0_VM0 holds a grid_t4-4q vGPU on the first GPU, DC0_H0_VM1 and DC0_H0_VM2 a grid_t4-8q each
-on the second, DC0_C0_RP0_VM0 a grid_t4-2q; DC0_H0_VM2's guest ignores shutdown requests; the
+on the second, DC0_C0_RP0_VM0 a grid_t4-2q; DC0_H0_VM2's guest ignores shutdown requests;
+DC0_H0_VM0 (4 vCPUs, 8192 MB, VMware Tools running) and DC0_H0_VM1 (1 vCPU, no Tools) have known
+quick stats and real-time CPU samples (the launcher's `guests` says which); the
 privileges given as `deny` are refused to the user; the task methods given as `hang`
 ("ReconfigVM_Task", "PowerOnVM_Task", "RelocateVM_Task", ...) never finish: each such call gets a
 new task that stays "running" for good and leaves the VM as it was (the launcher answers these

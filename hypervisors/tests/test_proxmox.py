@@ -8,7 +8,7 @@ import socket
 
 import pytest
 
-from hypervisors import matching
+from hypervisors import guest_rates, matching
 from hypervisors.backends import open_backend, proxmox
 from hypervisors.backends.base import (
     DeviceBusy,
@@ -284,3 +284,51 @@ def test_a_stopped_vm_moves_to_another_node_of_the_cluster(node, pve):
     with pytest.raises(HypervisorError, match="could not move ws-comp-01 to pve1: .*local devices: hostpci0"):
         other.move_to(comp.uuid, node)
     assert pve.server.vm(VM_COMP)["node"] == "pve2"
+
+
+# Guest figures -------------------------------------------------------------------------------
+
+
+def test_guest_figures_of_the_running_vms_come_from_the_nodes_listing(node, pve):
+    counters = {c.uuid: c for c in node.guest_counters()}
+    uuid = {vmid: pvefake.vm_uuid(vmid) for vmid in (VM_ANIM, VM_LIGHT, VM_MODEL, VM_BUILD)}
+    assert sorted(counters) == sorted([uuid[VM_ANIM], uuid[VM_LIGHT], uuid[VM_MODEL]])  # build-agent is off
+
+    # ws-anim-01: a quarter of its 4 vCPUs, 6144 MiB of 16384 in use as its balloon driver says.
+    anim = counters[uuid[VM_ANIM]]
+    assert (anim.vcpus, anim.ram_mib, anim.vcpu_pct, anim.ram_used_mib) == (4, 16384, 25.0, 6144)
+    assert (anim.vcpu_max_pct, anim.steal_pct) == (None, None)  # Proxmox VE reports neither
+    got = guest_rates.reading(anim, None)
+    assert (got.vcpu_util, got.ram_used_mib, got.ram_used_pct) == (25.0, 6144, 37.5)
+    light = guest_rates.reading(counters[uuid[VM_LIGHT]], None)
+    assert (light.vcpus, light.vcpu_util, light.ram_used_mib, light.ram_used_pct) == (8, 50.0, 24576, 75.0)
+
+    # ws-model-01 runs no balloon driver: QEMU's resident memory is not taken for the guest's use.
+    model = guest_rates.reading(counters[uuid[VM_MODEL]], None)
+    assert (model.vcpu_util, model.ram_mib, model.ram_used_mib, model.ram_used_pct) == (90.0, 8192, None, None)
+
+
+def test_a_guest_read_again_costs_one_request_until_it_restarts(node, pve):
+    node.guest_counters()
+    before = len(pve.server.requests)
+    pve.server.set_guest(VM_MODEL, cpu_load=0.125, used_mib=2048, balloon_driver=True)  # the driver installed
+    model = next(c for c in node.guest_counters() if c.uuid == pvefake.vm_uuid(VM_MODEL))
+    assert (model.vcpu_pct, model.ram_used_mib) == (12.5, 2048)
+    assert [(method, path) for method, path, *_ in pve.server.requests[before:]] == [
+        ("GET", "/api2/json/nodes/pve1/qemu")]
+    node.start(pvefake.vm_uuid(VM_BUILD))
+    seen = len(pve.server.requests)
+    assert pvefake.vm_uuid(VM_BUILD) in {c.uuid for c in node.guest_counters()}
+    assert ("GET", f"/api2/json/nodes/pve1/qemu/{VM_BUILD}/config") in [
+        (method, path) for method, path, *_ in pve.server.requests[seen:]]
+
+
+def test_a_listing_without_balloon_figures_is_completed_from_the_vms_status(node, pve, monkeypatch):
+    listing = pve.server._get_qemu_list
+
+    def without_balloon(caller, params, node_name):
+        return [{k: v for k, v in row.items() if k != "ballooninfo"} for row in listing(caller, params, node_name)]
+
+    monkeypatch.setattr(pve.server, "_get_qemu_list", without_balloon)
+    anim = next(c for c in node.guest_counters() if c.uuid == pvefake.vm_uuid(VM_ANIM))
+    assert anim.ram_used_mib == 6144

@@ -253,3 +253,35 @@ def test_an_l40s_in_the_sriov_layout_lists_types_on_its_free_vfs_and_sets_a_vfs_
         assert fake.instances(node, first) == []
         assert len(client.get(f"/nodes/{node}/hardware/pci/{first}/mdev")) == 1  # a 12Q still sits on the GPU
         assert fake.instances(node, second) == []  # ws-spare-01 names it but is stopped
+
+
+def test_running_vms_report_cpu_and_memory_with_balloon_figures_only_from_a_guest_with_the_driver(pve):
+    client = Client(pve)
+    mib = 1024 * 1024
+    brief = {row["vmid"]: row for row in client.get("/nodes/pve1/qemu")}
+    assert "ballooninfo" not in brief[pvefake.VM_ANIM]  # only with full=1, as qemu-server's vmstatus
+    rows = {row["vmid"]: row for row in client.get("/nodes/pve1/qemu", full=1)}
+    anim = rows[pvefake.VM_ANIM]
+    assert (anim["cpu"], anim["cpus"], anim["maxmem"], anim["mem"]) == (0.25, 4, 16384 * mib, 6144 * mib)
+    info = anim["ballooninfo"]
+    assert (info["actual"], info["max_mem"], info["total_mem"] - info["free_mem"]) == (
+        16384 * mib, 16384 * mib, 6144 * mib)
+    assert anim["freemem"] == info["free_mem"]
+    assert anim["balloon"] == info["actual"]
+    # ws-model-01 has the balloon device but no driver in its guest: no guest figures, and `mem`
+    # is the QEMU process's resident memory, more than the guest's RAM.
+    model = rows[pvefake.VM_MODEL]
+    assert (model["cpu"], set(model["ballooninfo"])) == (0.9, {"actual", "max_mem"})
+    assert model["mem"] > model["maxmem"]
+    assert "freemem" not in model
+    assert (rows[pvefake.VM_BUILD]["cpu"], rows[pvefake.VM_BUILD]["mem"]) == (0.0, 0)
+    current = client.get(f"/nodes/pve1/qemu/{pvefake.VM_ANIM}/status/current")["ballooninfo"]
+    assert current.keys() == info.keys()
+    assert current["free_mem"] == info["free_mem"]
+
+    client.call("PUT", f"/nodes/pve1/qemu/{pvefake.VM_LIGHT}/config", balloon=0)  # no balloon device at all
+    client.task("POST", f"/nodes/pve1/qemu/{pvefake.VM_LIGHT}/status/stop")
+    client.task("POST", f"/nodes/pve1/qemu/{pvefake.VM_LIGHT}/status/start")
+    light = next(row for row in client.get("/nodes/pve1/qemu", full=1) if row["vmid"] == pvefake.VM_LIGHT)
+    assert "ballooninfo" not in light
+    assert light["mem"] > light["maxmem"]

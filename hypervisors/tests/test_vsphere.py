@@ -14,7 +14,7 @@ from contextlib import contextmanager
 import pytest
 from pyVmomi import vim
 
-from hypervisors import matching
+from hypervisors import guest_rates, matching
 from hypervisors.backends import open_backend, vsphere
 from hypervisors.backends.base import (
     DeviceBusy,
@@ -342,3 +342,64 @@ def test_a_vm_that_is_off_moves_to_another_host_of_the_same_vcenter(vcsim, host,
     with pytest.raises(DomainNotFound):
         host.domain(vm1.uuid)
     target.close()
+
+
+# Guest figures -------------------------------------------------------------------------------
+
+
+def test_guest_figures_of_the_running_vms_come_from_quick_stats_and_real_time_counters(host, vcenter_admin):
+    from pyVim.task import WaitForTask
+
+    WaitForTask(vm_named(vcenter_admin, "DC0_H0_VM2").PowerOffVM_Task())  # a VM that is off has no figures
+    domains = by_name(host)
+    counters = {c.uuid: c for c in host.guest_counters()}
+    assert sorted(counters) == sorted([domains["DC0_H0_VM0"].uuid, domains["DC0_H0_VM1"].uuid])
+
+    # DC0_H0_VM0: 4 vCPUs at 2294 MHz, 2294 MHz used, one vCPU at 1835 MHz, 400 ms ready of 4 x 20 s;
+    # VMware Tools run and say 2048 MB of its 8192 MB are active.
+    vm0 = counters[domains["DC0_H0_VM0"].uuid]
+    assert (vm0.vcpus, vm0.ram_mib) == (4, 8192)
+    assert (vm0.vcpu_pct, vm0.vcpu_max_pct, vm0.steal_pct, vm0.ram_used_mib) == (25.0, 79.99, 0.5, 2048)
+    got = guest_rates.reading(vm0, None)
+    assert (got.vcpu_util, got.vcpu_max_util, got.cpu_steal_pct) == (25.0, 79.99, 0.5)
+    assert (got.ram_used_mib, got.ram_used_pct) == (2048, 25.0)
+
+    # DC0_H0_VM1 runs no VMware Tools: its CPU is measured, its memory use is unknown, not 0.
+    vm1 = guest_rates.reading(counters[domains["DC0_H0_VM1"].uuid], None)
+    assert (vm1.vcpu_util, vm1.vcpu_max_util, vm1.cpu_steal_pct) == (50.0, 50.0, 1.0)
+    assert (vm1.ram_used_mib, vm1.ram_used_pct) == (None, None)
+
+
+def test_guest_figures_of_all_vms_are_one_property_read_and_one_performance_query(host, monkeypatch):
+    host.guest_counters()  # the host's clock and the counters' keys are read once per link
+    calls = []
+    stub = host._si._stub
+    invoke, access = stub.InvokeMethod, stub.InvokeAccessor
+
+    def method(mo, info, args):
+        calls.append(info.wsdlName)
+        return invoke(mo, info, args)
+
+    def accessor(mo, info):
+        calls.append(f"read {info.name}")
+        return access(mo, info)
+
+    monkeypatch.setattr(stub, "InvokeMethod", method)
+    monkeypatch.setattr(stub, "InvokeAccessor", accessor)
+    assert len(host.guest_counters()) == 3
+    # The VMs' properties through a container view of the datacenter's VM folder, then their samples.
+    assert calls == ["read vmFolder", "Fetch", "CreateContainerView", "RetrieveProperties", "DestroyView", "QueryPerf"]
+
+
+def test_without_real_time_samples_the_quick_stats_are_still_given(host, monkeypatch):
+    stub = host._si._stub
+    invoke = stub.InvokeMethod
+
+    def refuse_samples(mo, info, args):
+        if info.wsdlName == "QueryPerf":
+            raise vim.fault.NoPermission(privilegeId="System.Read")
+        return invoke(mo, info, args)
+
+    monkeypatch.setattr(stub, "InvokeMethod", refuse_samples)
+    vm0 = next(c for c in host.guest_counters() if c.uuid == by_name(host)["DC0_H0_VM0"].uuid)
+    assert (vm0.vcpu_pct, vm0.ram_used_mib, vm0.vcpu_max_pct, vm0.steal_pct) == (25.0, 2048, None, None)

@@ -10,6 +10,11 @@
 //     first GPU of its host (a VirtualPCIPassthrough device with VmiopBackingInfo, as vSphere
 //     writes it); running VMs are listed on their GPU;
 //   - DC0_H0_VM2 has a stubborn guest: ShutdownGuest is answered but the VM keeps running;
+//   - the standalone host's VMs have known guest figures (see `guests`): their vCPUs and memory,
+//     whether VMware Tools run, their quick stats (overallCpuUsage, guestMemoryUsage) and what the
+//     performance manager's real-time counters cpu.usagemhz.average (per vCPU and all together)
+//     and cpu.ready.summation say of the last 20 s sample (the simulator's own performance
+//     manager answers generated, noisy series, the same for every VM);
 //   - the privileges named by -deny are refused to the user (HasPrivilegeOnEntity says so);
 //   - the task methods named by -hang (ReconfigVM_Task, PowerOnVM_Task, RelocateVM_Task, ...)
 //     never finish: such a call is answered with a new Task whose info.state is "running" for
@@ -48,6 +53,8 @@ import (
 	"time"
 
 	"github.com/vmware/govmomi/simulator"
+	"github.com/vmware/govmomi/vim25/methods"
+	"github.com/vmware/govmomi/vim25/soap"
 	"github.com/vmware/govmomi/vim25/types"
 )
 
@@ -67,6 +74,103 @@ var vgpus = map[string]struct {
 }
 
 const stubbornVM = "DC0_H0_VM2"
+
+// What a VM's guest looks like through the hypervisor: its size, whether VMware Tools run, its
+// quick stats, and its real-time performance counters' last sample.
+type guestFigures struct {
+	numCPU   int32
+	memoryMB int32
+	tools    bool
+	usageMhz int32   // summary.quickStats.overallCpuUsage
+	activeMB int32   // summary.quickStats.guestMemoryUsage
+	vcpuMhz  []int64 // cpu.usagemhz.average of each vCPU (instances "0", "1", ...)
+	readyMs  int64   // cpu.ready.summation of all vCPUs together (instance "")
+}
+
+// The standalone host's VMs (its CPUs run at 2294 MHz): DC0_H0_VM0 has Tools and one busy vCPU
+// of four, DC0_H0_VM1 has no Tools (its guestMemoryUsage is an estimate the backend ignores).
+var guests = map[string]guestFigures{
+	"DC0_H0_VM0": {numCPU: 4, memoryMB: 8192, tools: true, usageMhz: 2294, activeMB: 2048,
+		vcpuMhz: []int64{1835, 229, 115, 115}, readyMs: 400},
+	"DC0_H0_VM1": {numCPU: 1, memoryMB: 32, usageMhz: 1147, activeMB: 24, vcpuMhz: []int64{1147}, readyMs: 200},
+}
+
+// The sample interval of real-time statistics, s.
+const realtimeInterval = 20
+
+// perfManager is the simulator's performance manager with real-time samples of the VMs in
+// `guests` answered from their figures.
+type perfManager struct {
+	simulator.PerformanceManager
+}
+
+func (p *perfManager) counterName(key int32) string {
+	for _, info := range p.PerfCounter {
+		if info.Key == key {
+			return info.GroupInfo.GetElementDescription().Key + "." + info.NameInfo.GetElementDescription().Key +
+				"." + string(info.RollupType)
+		}
+	}
+	return ""
+}
+
+// sample is the value of one counter instance of a VM of `guests`, and whether it has one.
+func (p *perfManager) sample(figures guestFigures, id types.PerfMetricId) (int64, bool) {
+	switch p.counterName(id.CounterId) {
+	case "cpu.usagemhz.average":
+		if id.Instance == "" {
+			var sum int64
+			for _, mhz := range figures.vcpuMhz {
+				sum += mhz
+			}
+			return sum, true
+		}
+		for i, mhz := range figures.vcpuMhz {
+			if id.Instance == fmt.Sprint(i) {
+				return mhz, true
+			}
+		}
+	case "cpu.ready.summation":
+		if id.Instance == "" {
+			return figures.readyMs, true
+		}
+	}
+	return 0, false
+}
+
+func (p *perfManager) QueryPerf(ctx *simulator.Context, req *types.QueryPerf) soap.HasFault {
+	for _, spec := range req.QuerySpec {
+		if spec.Entity.Type != "VirtualMachine" {
+			return p.PerformanceManager.QueryPerf(ctx, req)
+		}
+		vm, ok := simulator.Map.Get(spec.Entity).(*simulator.VirtualMachine)
+		if !ok {
+			return p.PerformanceManager.QueryPerf(ctx, req)
+		}
+		if _, known := guests[vm.Name]; !known {
+			return p.PerformanceManager.QueryPerf(ctx, req)
+		}
+	}
+	body := new(methods.QueryPerfBody)
+	body.Res = new(types.QueryPerfResponse)
+	now := time.Now().Truncate(realtimeInterval * time.Second)
+	for _, spec := range req.QuerySpec {
+		vm := simulator.Map.Get(spec.Entity).(*simulator.VirtualMachine)
+		figures := guests[vm.Name]
+		metrics := &types.PerfEntityMetric{PerfEntityMetricBase: types.PerfEntityMetricBase{Entity: spec.Entity}}
+		if vm.Runtime.PowerState == types.VirtualMachinePowerStatePoweredOn {
+			metrics.SampleInfo = []types.PerfSampleInfo{{Timestamp: now, Interval: realtimeInterval}}
+			for _, id := range spec.MetricId {
+				if value, ok := p.sample(figures, id); ok {
+					metrics.Value = append(metrics.Value, &types.PerfMetricIntSeries{
+						PerfMetricSeries: types.PerfMetricSeries{Id: id}, Value: []int64{value}})
+				}
+			}
+		}
+		body.Res.Returnval = append(body.Res.Returnval, metrics)
+	}
+	return body
+}
 
 // The key of the PCI controller every simulated VM has.
 const pciControllerKey = 100
@@ -99,6 +203,21 @@ func setUp() (stubbornRef string) {
 		vm := entity.(*simulator.VirtualMachine)
 		if vm.Name == stubbornVM {
 			stubbornRef = vm.Self.Value
+		}
+		if figures, ok := guests[vm.Name]; ok {
+			vm.Config.Hardware.NumCPU = figures.numCPU
+			vm.Config.Hardware.MemoryMB = figures.memoryMB
+			vm.Summary.Config.NumCpu = figures.numCPU
+			vm.Summary.Config.MemorySizeMB = figures.memoryMB
+			vm.Summary.QuickStats.OverallCpuUsage = figures.usageMhz
+			vm.Summary.QuickStats.GuestMemoryUsage = figures.activeMB
+			if figures.tools {
+				vm.Guest.ToolsStatus = types.VirtualMachineToolsStatusToolsOk
+				vm.Guest.ToolsRunningStatus = string(types.VirtualMachineToolsRunningStatusGuestToolsRunning)
+				vm.Guest.ToolsVersion = "12352"
+				vm.Summary.Guest.ToolsStatus = vm.Guest.ToolsStatus
+				vm.Summary.Guest.ToolsRunningStatus = vm.Guest.ToolsRunningStatus
+			}
 		}
 		want, ok := vgpus[vm.Name]
 		if !ok {
@@ -260,6 +379,10 @@ func main() {
 		log.Fatal(err)
 	}
 	ref := setUp()
+	perfRef := types.ManagedObjectReference{Type: "PerformanceManager", Value: "PerfMgr"}
+	if original, ok := simulator.Map.Get(perfRef).(*simulator.PerformanceManager); ok {
+		simulator.Map.Put(&perfManager{PerformanceManager: *original})
+	}
 
 	model.Service.Listen = &url.URL{Host: *listen, User: url.UserPassword(*username, *password)}
 	model.Service.ServeMux = http.NewServeMux()
