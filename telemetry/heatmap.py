@@ -31,6 +31,10 @@ Why it is built this way:
   sample-weighted mean of the rollups' avgs, max the max of their maxes, p95 the max of their
   p95s (an upper bound). `fb_used_pct` is each rollup's frame buffer used over its capacity (a
   GPU's reported total, else its model's; a VM's `profile_fb_mib`), then merged the same way.
+- **A VM row reads the rollups of the metric's source** (`telemetry.metrics.VM_ROLLUPS`): its
+  vGPUs' from `VmRollup`, its guest's CPU and memory (read through the hypervisor) from
+  `GuestRollup`; `ram_used_pct` is each rollup's memory used over its `ram_mib`. Memory a guest
+  did not report is a null cell, never 0.
 - **A host row combines its GPUs** bucket by bucket: the mean of their values for avg, the
   highest for max and p95 (a host is as hot as its hottest GPU).
 - **Artists read no shared GPU.** GPU and host rows read only the GPUs of
@@ -69,8 +73,8 @@ from fleet.models import Gpu, GpuModel, Vgpu
 from fleet.queries import gpu_telemetry_visible, visible_hosts, visible_vms
 from telemetry import heatmap_codec, strips
 from telemetry.aggregation import bucket_floor
-from telemetry.metrics import FIVE_MINUTES, GPU_METRICS, HOURLY, METRICS, STEP_LADDER, VM_METRICS
-from telemetry.models import GpuRollup, GpuStrip, VmRollup
+from telemetry.metrics import FIVE_MINUTES, GPU_METRICS, HOURLY, METRICS, STEP_LADDER, VM_METRICS, VM_ROLLUPS
+from telemetry.models import GpuRollup, GpuStrip
 
 log = logging.getLogger(__name__)
 
@@ -92,6 +96,7 @@ WEEKDAYS = ("Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun")
 UNITS = {
     "util_gpu": "%", "util_mem": "%", "fb_used_pct": "%", "enc_util": "%", "dec_util": "%",
     "fb_used_mib": "MiB", "temp_c": "°C", "power_w": "W", "sm_clock_mhz": "MHz",
+    "vcpu_util": "%", "vcpu_max_util": "%", "cpu_steal_pct": "%", "ram_used_pct": "%", "ram_used_mib": "MiB",
 }
 DETAIL_ROUTES = {"gpu": "fleet:gpu-detail", "vm": "fleet:vm-detail", "host": "fleet:host-detail"}
 
@@ -220,13 +225,14 @@ def _gpu_rows(user, host_id: int | None) -> tuple[list[Row], QuerySet]:
 
 
 def _vm_rows(user, query: HeatmapQuery) -> tuple[list[Row], QuerySet]:
-    """VMs holding a vGPU now or with rollups in the range (a VM whose vGPUs were removed still
-    shows its history), with their artist and profiles: two queries."""
+    """VMs holding a vGPU now or with rollups of the metric's source in the range (a VM whose
+    vGPUs were removed still shows its history), with their artist and profiles: two queries."""
     vms = visible_vms(user)
     if query.host_id is not None:
         vms = vms.filter(host_id=query.host_id)
-    with_rollups = VmRollup.objects.filter(vm=OuterRef("pk"), step_s=query.source_step, bucket__gte=query.start,
-                                           bucket__lt=query.end)
+    rollups = VM_ROLLUPS[METRICS[query.metric].source].model
+    with_rollups = rollups.objects.filter(vm=OuterRef("pk"), step_s=query.source_step, bucket__gte=query.start,
+                                          bucket__lt=query.end)
     listed = vms.filter(Q(Exists(Vgpu.objects.filter(vm=OuterRef("pk")))) | Q(Exists(with_rollups)))
     profiles: dict[int, Counter] = defaultdict(Counter)
     for vm_id, name in Vgpu.objects.filter(vm__in=listed.values("pk")).values_list("vm_id", "profile__name"):
@@ -304,7 +310,8 @@ def _cells_sql(query: HeatmapQuery, scope: QuerySet | None, key: str = "index", 
     if key != "index" and merged:
         raise ValueError("merged cells are keyed by their index")
     if query.group == "vm":
-        model, entity, capacity, join = VmRollup, "vm_id", "r.profile_fb_mib", ""
+        rollups = VM_ROLLUPS[metric.source]
+        model, entity, capacity, join = rollups.model, "vm_id", f"r.{rollups.capacity_column}", ""
     else:
         model, entity, capacity = GpuRollup, "gpu_id", "COALESCE(r.fb_total_mib, m.fb_mib)"
         join = (f" JOIN {Gpu._meta.db_table} g ON g.id = r.gpu_id"

@@ -1,6 +1,12 @@
 """The metrics the time-series reads serve, and the steps they can be read at: one definition for
 the API (telemetry/api/metrics.py, telemetry/api/heatmap.py), the heatmaps and the pages.
 
+Each metric says which rollups it lives in (`Metric.source`): "vgpu", the NVIDIA readings of the
+agents (`GpuRollup` for a GPU, `VmRollup` for a VM's vGPUs together), or "guest", a VM's guest
+CPU and memory read through its hypervisor (`GuestRollup`, VMs only). `VM_ROLLUPS` maps a
+source to a VM's rollup model and the column its percentages are of; readers ask it instead of
+naming a model, so a metric is read from one place.
+
 A step is a multiple of 300 s below an hour (read from the 5-minute rollups) or a multiple of
 3600 s (read from the hourly rollups); without one the smallest of STEP_LADDER giving at most
 DEFAULT_POINTS points is used.
@@ -12,7 +18,10 @@ import math
 from dataclasses import dataclass
 from datetime import datetime
 
+from django.db.models import Model
+
 from config import parsing
+from telemetry.models import GuestRollup, VmRollup
 
 MAX_RANGE_DAYS = 400
 MAX_POINTS = 10_000
@@ -29,27 +38,58 @@ class Metric:
     name: str
     stats: tuple[str, ...]
     gpu_only: bool = False
-    #: fb_used_pct: fb_used_mib's columns as a percentage of the capacity column.
-    percent_of_capacity: bool = False
+    #: The rollups it is read from: "vgpu" (GpuRollup, VmRollup) or "guest" (GuestRollup, VMs only).
+    source: str = "vgpu"
+    #: A percentage of the rollup's capacity column, read from this metric's columns:
+    #: fb_used_pct is fb_used_mib of the frame buffer, ram_used_pct ram_used_mib of the RAM.
+    percent_of: str | None = None
+
+    @property
+    def percent_of_capacity(self) -> bool:
+        return self.percent_of is not None
+
+    @property
+    def vm_only(self) -> bool:
+        return self.source == "guest"
 
     def column(self, stat: str) -> str:
-        base = "fb_used_mib" if self.percent_of_capacity else self.name
-        return f"{base}_{stat}"
+        return f"{self.percent_of or self.name}_{stat}"
 
 
 METRICS = {m.name: m for m in (
     Metric("util_gpu", ("avg", "max", "p95")),
     Metric("util_mem", ("avg", "max")),
     Metric("fb_used_mib", ("avg", "max", "p95")),
-    Metric("fb_used_pct", ("avg", "max", "p95"), percent_of_capacity=True),
+    Metric("fb_used_pct", ("avg", "max", "p95"), percent_of="fb_used_mib"),
     Metric("enc_util", ("avg", "max")),
     Metric("dec_util", ("avg", "max")),
     Metric("temp_c", ("avg", "max"), gpu_only=True),
     Metric("power_w", ("avg", "max"), gpu_only=True),
     Metric("sm_clock_mhz", ("avg",), gpu_only=True),
+    # A VM's guest, read through its hypervisor (no agent in the guest).
+    Metric("vcpu_util", ("avg", "max", "p95"), source="guest"),
+    Metric("vcpu_max_util", ("avg", "max", "p95"), source="guest"),
+    Metric("cpu_steal_pct", ("avg", "max"), source="guest"),
+    Metric("ram_used_mib", ("avg", "max", "p95"), source="guest"),
+    Metric("ram_used_pct", ("avg", "max", "p95"), source="guest", percent_of="ram_used_mib"),
 )}
-GPU_METRICS = tuple(METRICS)
+GPU_METRICS = tuple(name for name, m in METRICS.items() if not m.vm_only)
 VM_METRICS = tuple(name for name, m in METRICS.items() if not m.gpu_only)
+
+
+@dataclass(frozen=True)
+class VmRollups:
+    """Where a VM's series of one source live: the rollup model and the column a percentage of
+    that source is of."""
+
+    model: type[Model]
+    capacity_column: str
+
+
+VM_ROLLUPS = {
+    "vgpu": VmRollups(VmRollup, "profile_fb_mib"),  # frame buffer the VM's profiles gave it then
+    "guest": VmRollups(GuestRollup, "ram_mib"),  # the VM's RAM allocation then
+}
 
 
 def default_step(start: datetime, end: datetime) -> int:

@@ -4,6 +4,7 @@ stale-agents states, and a query count that does not grow with the fleet."""
 
 from __future__ import annotations
 
+import re
 from datetime import UTC, datetime, timedelta
 from html.parser import HTMLParser
 from urllib.parse import parse_qs, urlsplit
@@ -152,6 +153,34 @@ def test_vm_view_reads_frame_buffer_against_the_profile(staff, agent_ok):
     assert "rows that stay dark are over-provisioned" in content
 
 
+def test_vm_view_offers_the_guest_cpu_and_memory_with_their_own_statistics(staff, agent_ok):
+    response = staff.get(URL, {"view": "vm", "metric": "ram_used_pct", "stat": "p95"})
+
+    page = parse(response)
+    content = response.content.decode()
+    assert response.status_code == 200
+    assert (page.chart["data-group"], page.chart["data-metric"], page.chart["data-stat"]) == (
+        "vm", "ram_used_pct", "p95")
+    assert page.chart["data-metric-label"] == "Guest memory % of RAM"
+    for value, label, stats in [("vcpu_util", "Guest CPU (all vCPUs)", "avg max p95"),
+                                ("vcpu_max_util", "Guest busiest vCPU", "avg max p95"),
+                                ("cpu_steal_pct", "Guest CPU steal", "avg max"),
+                                ("ram_used_pct", "Guest memory % of RAM", "avg max p95"),
+                                ("ram_used_mib", "Guest memory used", "avg max p95")]:
+        assert re.search(rf'<option value="{value}" data-stats="{stats}"( selected)?>{re.escape(label)}</option>',
+                         content), value
+    assert "Each cell: Guest memory % of RAM (95th percentile) of one VM over" in content
+    assert "a guest that reports no memory use shows gaps, not zero" in content
+    # The GPU and host views keep their own metrics: a GPU has no guest.
+    for view in ("gpu", "host"):
+        other = staff.get(URL, {"view": view}).content.decode()
+        assert not re.search(r'<option value="(vcpu_util|vcpu_max_util|cpu_steal_pct|ram_used_pct|ram_used_mib)"',
+                             other), view
+    refused = staff.get(URL, {"view": "gpu", "metric": "vcpu_util"})
+    assert refused.status_code == 400
+    assert "Unknown metric &#x27;vcpu_util&#x27; in the GPU × time view" in refused.content.decode()
+
+
 def test_host_view_folds_to_hour_of_week_over_30_days_by_default(staff, agent_ok):
     response = staff.get(URL, {"view": "host"})
 
@@ -188,6 +217,8 @@ def test_view_links_keep_sort_host_and_range_but_not_a_range_too_short_for_a_wee
     ({"view": "vm", "metric": "temp_c"},
      "Unknown metric &#x27;temp_c&#x27; in the VM × time: frame buffer vs profile view"),
     ({"metric": "enc_util", "stat": "p95"}, "Encoder utilization has no 95th percentile: use mean or max (avg, max)."),
+    ({"view": "vm", "metric": "cpu_steal_pct", "stat": "p95"},
+     "Guest CPU steal has no 95th percentile: use mean or max (avg, max)."),
     ({"stat": "median"}, "Unknown stat &#x27;median&#x27;: use avg, max, p95."),
     ({"sort": "size"}, "Unknown sort &#x27;size&#x27;: use host, peak, mean."),
     ({"host": "999999"}, "Unknown host &#x27;999999&#x27;: pick one from the list, or all hosts."),
@@ -303,7 +334,8 @@ def test_query_count_does_not_grow_with_the_fleet(staff, django_assert_num_queri
 def test_the_api_accepts_what_the_page_sends(staff, agent_ok):
     """The page's data-* attributes, sent as the script sends them, get an answer, not a 400."""
     GpuFactory(host=HostFactory(name="render-01"))
-    for params in ({}, {"view": "vm"}, {"view": "host"}, {"metric": "power_w", "stat": "max", "sort": "peak"}):
+    for params in ({}, {"view": "vm"}, {"view": "host"}, {"metric": "power_w", "stat": "max", "sort": "peak"},
+                   {"view": "vm", "metric": "ram_used_mib", "stat": "p95"}, {"view": "vm", "metric": "cpu_steal_pct"}):
         chart = parse(staff.get(URL, params)).chart
         query = {name: chart[f"data-{name}"] for name in ("group", "metric", "stat", "start", "end", "sort", "fold")}
 

@@ -1,5 +1,6 @@
-"""The heatmap page (`/heatmap/`): GPU × time, VM × time (frame buffer against the profile) and
-host × hour of week, drawn in the browser by static/js/heatmap.js from `/api/v1/heatmap/`.
+"""The heatmap page (`/heatmap/`): GPU × time, VM × time (frame buffer against the profile, GPU
+load and the guest's CPU and memory) and host × hour of week, drawn in the browser by
+static/js/heatmap.js from `/api/v1/heatmap/`.
 
 The page reads no telemetry itself: it validates the controls, resolves the time range and
 renders the API's parameters into data-* attributes, so the page and the API can never show
@@ -84,13 +85,20 @@ VIEWS = {view.key: view for view in (
             "util_gpu": "GPU utilization",
             "enc_util": "Encoder utilization",
             "dec_util": "Decoder utilization",
+            "vcpu_util": "Guest CPU (all vCPUs)",
+            "vcpu_max_util": "Guest busiest vCPU",
+            "cpu_steal_pct": "Guest CPU steal",
+            "ram_used_pct": "Guest memory % of RAM",
+            "ram_used_mib": "Guest memory used",
         },
         default_metric="fb_used_pct", default_range="24h", row_noun="VMs",
         legend="Each cell: {metric} ({stat}) of one VM over {step}.",
         reading="Frame buffer used as a share of the VM's profile: rows that stay dark are over-provisioned "
                 "(a smaller profile would do); rows near the top of the scale are short of frame buffer. "
-                "Click a cell to open that VM at that time. Past 200 VMs, a row is a host's VMs (or a group "
-                "of VMs) with the highest value of its VMs: click it to show them.",
+                "The guest's CPU and memory are read through its hypervisor, no agent in the guest: a guest "
+                "that reports no memory use shows gaps, not zero. Click a cell to open that VM at that time. "
+                "Past 200 VMs, a row is a host's VMs (or a group of VMs) with the highest value of its VMs: "
+                "click it to show them.",
     ),
     HeatmapView(
         key="host", label="Host × hour of week", group="host", fold="hour_of_week", metrics=_GPU_METRICS,

@@ -282,7 +282,9 @@ _PARAMETERS = [
                      description="gpu and host: util_gpu (default), util_mem, fb_used_pct, fb_used_mib, enc_util, "
                                  "dec_util, temp_c, power_w, sm_clock_mhz. vm: fb_used_pct (default: frame buffer "
                                  "used as % of what the VM's profiles give it), fb_used_mib, util_gpu, util_mem, "
-                                 "enc_util, dec_util"),
+                                 "enc_util, dec_util, and the guest's CPU and memory read through its hypervisor: "
+                                 "vcpu_util (% of all its vCPUs), vcpu_max_util (busiest vCPU, %), cpu_steal_pct "
+                                 "(%, avg and max), ram_used_mib, ram_used_pct (% of its RAM allocation)"),
     OpenApiParameter("stat", OpenApiTypes.STR, enum=list(STATS),
                      description="avg (default), max or p95; one of the metric's statistics"),
     OpenApiParameter("start", OpenApiTypes.STR,

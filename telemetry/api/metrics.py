@@ -4,7 +4,10 @@
 points), ISO 8601 or Unix seconds; a time without an offset is UTC. `?step=` in seconds is a
 multiple of 300 below an hour (read from the 5-minute rollups) or a multiple of 3600 (read from
 the hourly rollups); without it the smallest of STEP_LADDER giving at most DEFAULT_POINTS
-points is used. `?metric=` (repeatable or comma-separated) picks series; default all.
+points is used. `?metric=` (repeatable or comma-separated) picks series; default all. A VM's
+series come from the rollups of their source (`telemetry.metrics.Metric.source`): its vGPUs'
+from `VmRollup`, its guest's CPU and memory (read through the hypervisor) from `GuestRollup`,
+one query a source.
 
 Buckets start at multiples of `step` since the epoch; the response lists every bucket from the
 one holding `start` up to `end` (exclusive), with null where there is no data, so a chart shows
@@ -48,8 +51,9 @@ from telemetry.metrics import (
     METRICS,
     STEP_LADDER,
     VM_METRICS,
+    VM_ROLLUPS,
 )
-from telemetry.models import GpuRollup, VmRollup
+from telemetry.models import GpuRollup
 
 # Parsing -----------------------------------------------------------------------------------
 
@@ -190,6 +194,11 @@ _HELP = {
     "temp_c": "Temperature, °C (avg, max)",
     "power_w": "Power draw, W (avg, max)",
     "sm_clock_mhz": "SM clock, MHz (avg)",
+    "vcpu_util": "Guest CPU used, % of all its vCPUs, read through the hypervisor (avg, max, p95)",
+    "vcpu_max_util": "Busiest vCPU of the guest, % (avg, max, p95)",
+    "cpu_steal_pct": "Time the guest's vCPUs waited for a host CPU, % (avg, max)",
+    "ram_used_mib": "Guest memory used, MiB; null where the guest reports none (avg, max, p95)",
+    "ram_used_pct": "Guest memory used, % of the VM's RAM allocation (avg, max, p95)",
 }
 
 
@@ -282,11 +291,14 @@ class _MetricsView(APIView):
         ).order_by("bucket")
         return list(rollups.values_list("bucket", "samples", self.capacity_column, *columns_for(metrics)))
 
+    def series(self, entity, window: Window, metrics: tuple[str, ...]) -> dict[str, dict[str, list]]:
+        return build_series(self.rows(entity, window, metrics), window, metrics, self.capacity_fallback(entity))
+
     def get(self, request: Request, pk: int) -> Response:
         entity = self.get_entity(request, pk)
         window = parse_window(request)
         metrics = parse_metrics(request, self.metrics, self.label)
-        series = build_series(self.rows(entity, window, metrics), window, metrics, self.capacity_fallback(entity))
+        series = self.series(entity, window, metrics)
         return Response({
             self.subject: entity.pk, "step": window.step, "source_step": window.source_step,
             "start": _iso(window.start), "end": _iso(window.end), "series": series,
@@ -329,19 +341,35 @@ class VmMetricsView(_MetricsView):
     subject = "vm"
     label = "VM"
     metrics = VM_METRICS
-    rollup_model = VmRollup
-    capacity_column = "profile_fb_mib"
 
     def get_entity(self, request, pk):
         return get_object_or_404(visible_vms(request.user), pk=pk)
+
+    def series(self, entity, window: Window, metrics: tuple[str, ...]) -> dict[str, dict[str, list]]:
+        """The requested series, each read from the rollups of its source (one query a source
+        asked for), in the order asked."""
+        found: dict[str, dict[str, list]] = {}
+        for source, rollups in VM_ROLLUPS.items():
+            names = tuple(name for name in metrics if METRICS[name].source == source)
+            if not names:
+                continue
+            rows = list(rollups.model.objects.filter(
+                vm=entity, step_s=window.source_step, bucket__gte=window.start, bucket__lt=window.end,
+            ).order_by("bucket").values_list("bucket", "samples", rollups.capacity_column, *columns_for(names)))
+            found.update(build_series(rows, window, names))
+        return {name: found[name] for name in metrics}
 
     @extend_schema(
         operation_id="vms_metrics",
         summary="VM time series",
         description="The VM's vGPUs together: frame buffer summed over its vGPUs and utilization the "
                     "busiest vGPU's at each reading; `fb_used_pct` is of the frame buffer its profiles "
-                    "gave it; an artist may read only their own VMs. Parameters and shape as for "
-                    "`gpus/{id}/metrics/`.",
+                    "gave it. The guest's CPU and memory, read through its hypervisor (no agent in the "
+                    "guest): `vcpu_util` (all its vCPUs), `vcpu_max_util` (the busiest vCPU), "
+                    "`cpu_steal_pct` (time waiting for a host CPU), `ram_used_mib` and `ram_used_pct` "
+                    "(of its RAM allocation); null where the hypervisor reported nothing, as a guest "
+                    "without the balloon driver reports no memory use. An artist may read only their "
+                    "own VMs. Parameters and shape as for `gpus/{id}/metrics/`.",
         parameters=_parameters(VM_METRICS, "VM"),
         responses={200: VmMetricsSerializer, 400: _BAD_REQUEST},
     )

@@ -17,7 +17,7 @@ from fleet import services
 from fleet.tests.factories import GpuFactory, HostFactory, VirtualMachineFactory, gpu_model, profile
 from telemetry.heatmap import page_default_query
 from telemetry.heatmap_codec import decode
-from telemetry.models import GpuRollup, VmRollup
+from telemetry.models import GpuRollup, GuestRollup, VmRollup
 from telemetry.rollup_tasks import build_rollups as build_rollups_task
 from telemetry.rollups import build_rollups
 from telemetry.tests.rollup_world import L40S, T0, at, gpu_samples, studio
@@ -51,6 +51,22 @@ def vm_rollups(vm, fb_used_mib: list[float], profile_fb_mib=Q12_FB_MIB * 2, star
                  fb_used_mib_avg=fb, fb_used_mib_max=fb, fb_used_mib_p95=fb, util_gpu_avg=10.0,
                  profile_fb_mib=profile_fb_mib)
         for i, fb in enumerate(fb_used_mib)
+    )
+
+
+def guest_rollups(vm, ram_used_mib: list[float | None], vcpu_util: list[float] | None = None, ram_mib=32768,
+                  samples=30, start=T0, step_s=300):
+    """Guest rollups of `vm` (its CPU and memory read through the hypervisor), one a `step_s`:
+    memory used as given (None: not reported) of `ram_mib`; vcpu_util avg as given, its p95 5
+    points and its max 10 points higher, the busiest vCPU twice as busy."""
+    cpu = vcpu_util or [10.0] * len(ram_used_mib)
+    GuestRollup.objects.bulk_create(
+        GuestRollup(vm=vm, step_s=step_s, bucket=start + timedelta(seconds=step_s * i), samples=samples, vcpus=8,
+                    ram_mib=ram_mib, vcpu_util_avg=c, vcpu_util_p95=c + 5, vcpu_util_max=c + 10,
+                    vcpu_max_util_avg=2 * c, vcpu_max_util_p95=2 * c, vcpu_max_util_max=2 * c,
+                    cpu_steal_pct_avg=1.0, cpu_steal_pct_max=2.0,
+                    ram_used_mib_avg=ram, ram_used_mib_p95=ram, ram_used_mib_max=ram)
+        for i, (ram, c) in enumerate(zip(ram_used_mib, cpu, strict=True))
     )
 
 
@@ -230,6 +246,42 @@ def test_vm_by_time_is_frame_buffer_as_share_of_the_profiles(admin_api, world):
     assert body["rows"][2]["host"] is None
 
 
+def test_vm_by_time_of_the_guest_memory_as_share_of_its_ram_with_unreported_memory_as_gaps(admin_api, world):
+    guest_rollups(world.vm_ana, [8192.0, None, 24576.0], vcpu_util=[10.0, 20.0, 30.0])  # of 32 GiB
+    guest_rollups(world.vm_bob, [4096.0], ram_mib=16384)
+    guest_only = VirtualMachineFactory(name="ws-guest")  # no vGPU, but its guest was read: listed
+    guest_rollups(guest_only, [8192.0], ram_mib=16384)
+    gone = VirtualMachineFactory(name="ws-gone")  # vGPU history only: no row of the guest's metrics
+    vm_rollups(gone, [1024.0], profile_fb_mib=4096.0)
+
+    body = heatmap(admin_api, end=at(900), group="vm", metric="ram_used_pct")
+    mib = heatmap(admin_api, end=at(900), group="vm", metric="ram_used_mib", stat="max")
+    busiest = heatmap(admin_api, end=at(900), group="vm", metric="vcpu_util", stat="p95")
+
+    assert (body["metric"], body["unit"], body["zmin"], body["zmax"]) == ("ram_used_pct", "%", 0, 100)
+    assert body["y"] == ["ws-ana", "ws-bob", "ws-guest"]
+    assert body["z"] == [[25.0, None, 75.0], [25.0, None, None], [50.0, None, None]]
+    assert (body["rows"][0]["peak"], body["rows"][0]["mean"]) == (75.0, 50.0)
+    assert body["rows"][2]["subtitle"].endswith("no vGPU now")
+    assert (mib["unit"], mib["zmin"], mib["zmax"]) == ("MiB", 4096.0, 24576.0)
+    assert mib["z"] == [[8192.0, None, 24576.0], [4096.0, None, None], [8192.0, None, None]]
+    assert busiest["z"][0] == [15.0, 25.0, 35.0]
+
+
+def test_guest_cells_merge_weighting_by_samples_and_leave_unreported_memory_out(admin_api, world):
+    guest_rollups(world.vm_ana, [8192.0, None, 24576.0], vcpu_util=[10.0, 40.0, 30.0], samples=20)
+    guest_rollups(world.vm_ana, [16384.0], vcpu_util=[70.0], samples=60, start=at(900))
+
+    def cells(metric, stat):
+        return by_label(heatmap(admin_api, end=at(1800), step=900, group="vm", metric=metric, stat=stat))["ws-ana"]
+
+    assert cells("vcpu_util", "avg") == [pytest.approx((20 * 10 + 20 * 40 + 20 * 30) / 60), 70.0]
+    assert cells("vcpu_util", "max") == [50.0, 80.0]
+    assert cells("ram_used_pct", "avg") == [pytest.approx((20 * 25 + 20 * 75) / 40), 50.0]
+    assert cells("ram_used_mib", "p95") == [24576.0, 16384.0]  # the highest p95: an upper bound
+    assert cells("cpu_steal_pct", "max") == [2.0, 2.0]
+
+
 def test_host_rows_combine_their_gpus_mean_for_avg_and_highest_for_max(admin_api, world):
     gpu_rollups(world.gpu_1, [(30, 20.0, 50.0, 45.0), (30, 10.0, 10.0, 10.0)])
     gpu_rollups(world.gpu_2, [(10, 60.0, 70.0, 65.0)])
@@ -319,6 +371,18 @@ def test_artist_sees_own_vms_the_gpus_only_they_use_and_those_hosts(artist_api, 
     assert "host" in response.json()
 
 
+def test_artist_sees_the_guest_rows_of_their_own_vms_only(artist_api, admin_api, world):
+    guest_rollups(world.vm_ana, [8192.0])
+    guest_rollups(world.vm_bob, [12288.0])
+    guest_rollups(VirtualMachineFactory(name="ws-spare", artist=None), [4096.0], ram_mib=8192)
+
+    body = heatmap(artist_api, group="vm", metric="ram_used_pct")
+
+    assert body["y"] == ["ws-ana"]
+    assert [v for row in body["z"] for v in row if v is not None] == [25.0]
+    assert heatmap(admin_api, group="vm", metric="ram_used_pct")["y"] == ["ws-ana", "ws-bob", "ws-spare"]
+
+
 def test_artist_host_rows_combine_only_the_gpus_they_may_see(artist_api, world):
     hidden = GpuFactory(host=world.host, gpu_model=gpu_model(L40S), pci_bus_id="00000000:86:00.0")
     gpu_rollups(world.gpu_1, [(30, 20.0, 20.0, 20.0)])
@@ -385,6 +449,11 @@ def test_anonymous_gets_401(api, world):
     ({"group": "rack"}, "group", "gpu, vm, host"),
     ({"metric": "fan_pct"}, "metric", "util_gpu"),
     ({"group": "vm", "metric": "temp_c"}, "metric", "VM rows"),
+    ({"group": "vm", "metric": "ram_used"}, "metric", "vcpu_util, vcpu_max_util, cpu_steal_pct, ram_used_mib, "
+                                                      "ram_used_pct"),
+    ({"metric": "vcpu_util"}, "metric", "not a metric of GPU rows"),
+    ({"group": "host", "metric": "ram_used_pct"}, "metric", "not a metric of host rows"),
+    ({"group": "vm", "metric": "cpu_steal_pct", "stat": "p95"}, "stat", "avg, max"),
     ({"metric": "util_mem", "stat": "p95"}, "stat", "avg, max"),
     ({"stat": "median"}, "stat", "avg, max, p95"),
     ({"fold": "day_of_week"}, "fold", "hour_of_week"),
@@ -535,7 +604,8 @@ def assert_same_within_step(exact: list[list], body: dict, decoded: list[list]) 
 @pytest.mark.parametrize("params", [
     {}, {"metric": "fb_used_mib"}, {"metric": "fb_used_pct", "stat": "max"}, {"step": "900"},
     {"group": "host"}, {"group": "host", "fold": "hour_of_week", "end": T0 + timedelta(days=7)},
-    {"group": "vm"}, {"sort": "peak"},
+    {"group": "vm"}, {"sort": "peak"}, {"group": "vm", "metric": "ram_used_mib"},
+    {"group": "vm", "metric": "ram_used_pct", "stat": "max"}, {"group": "vm", "metric": "vcpu_util", "step": "900"},
 ])
 def test_typed_heatmap_decodes_to_the_json_values_within_the_quantisation_step(admin_api, world, params):
     gpu_rollups(world.gpu_1, [(30, 0.0, 20.0, 19.0), (30, 33.3, 40.0, 39.0), (30, 99.99, 100.0, 100.0)])
@@ -545,6 +615,8 @@ def test_typed_heatmap_decodes_to_the_json_values_within_the_quantisation_step(a
     gpu_rollups(world.gpu_2, [(10, 5.0, 7.0, 6.0)], start=at(1500))
     gpu_rollups(world.gpu_1, [(360, 42.42, 80.0, 70.0)], step_s=3600)
     vm_rollups(world.vm_ana, [6144.0, 12000.0, 24576.0])
+    guest_rollups(world.vm_ana, [8000.0, None, 31000.5, 12345.0], vcpu_util=[3.3, 0.0, 95.5, 47.0])
+    guest_rollups(world.vm_bob, [2048.0], ram_mib=16384, start=at(600))
     params = {"end": at(3600), **params}
 
     exact = heatmap(admin_api, **params)

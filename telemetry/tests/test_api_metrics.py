@@ -5,11 +5,13 @@ anyone else); and `latest` on the GPU detail."""
 from datetime import timedelta
 
 import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 
 from fleet import services
 from fleet.models import Vgpu
 from fleet.tests.factories import VirtualMachineFactory
-from telemetry.models import GpuRollup, VmRollup
+from telemetry.models import GpuRollup, GuestRollup, GuestSample, VmRollup
 from telemetry.rollups import build_rollups
 from telemetry.tests.rollup_world import T0, at, gpu_samples, studio, vgpu_samples
 
@@ -110,7 +112,10 @@ def test_from_raw_samples_to_the_vm_chart(admin_api, world):
     body = get(admin_api, vm_url(world.vm_ana), start=T0.isoformat(), end=at(600).isoformat(), step=300).json()
 
     assert body["vm"] == world.vm_ana.pk
-    assert set(body["series"]) == {"util_gpu", "util_mem", "fb_used_mib", "fb_used_pct", "enc_util", "dec_util"}
+    assert set(body["series"]) == {"util_gpu", "util_mem", "fb_used_mib", "fb_used_pct", "enc_util", "dec_util",
+                                   "vcpu_util", "vcpu_max_util", "cpu_steal_pct", "ram_used_mib", "ram_used_pct"}
+    assert body["series"]["vcpu_util"] == {"t": ["2026-03-02T10:00:00Z", "2026-03-02T10:05:00Z"],
+                                           "avg": [None, None], "p95": [None, None], "max": [None, None]}
     assert body["series"]["fb_used_mib"]["avg"] == [12288.0, None]
     assert body["series"]["fb_used_pct"]["avg"] == [50.0, None]  # of two 12 GiB profiles
     assert body["series"]["util_gpu"]["max"] == [29.0, None]
@@ -256,6 +261,145 @@ def test_admin_reads_everything_and_anonymous_gets_401(admin_api, api, world):
     assert get(api, vm_url(world.vm_ana), **RANGE).status_code == 401
 
 
+# A VM's guest CPU and memory (GuestRollup) ------------------------------------------------
+
+GUEST_METRICS = ("vcpu_util", "vcpu_max_util", "cpu_steal_pct", "ram_used_mib", "ram_used_pct")
+
+
+def guest_rollup(vm, seconds: int, samples: int, ram_mib: int, cpu: tuple, busiest: tuple, steal: tuple,
+                 ram: tuple, step_s: int = 300) -> GuestRollup:
+    """A guest rollup of `vm` at `seconds` after T0 from (avg, p95, max) of vcpu_util,
+    vcpu_max_util and ram_used_mib and (avg, max) of cpu_steal_pct."""
+    return GuestRollup.objects.create(
+        vm=vm, step_s=step_s, bucket=at(seconds), samples=samples, vcpus=8, ram_mib=ram_mib,
+        vcpu_util_avg=cpu[0], vcpu_util_p95=cpu[1], vcpu_util_max=cpu[2],
+        vcpu_max_util_avg=busiest[0], vcpu_max_util_p95=busiest[1], vcpu_max_util_max=busiest[2],
+        cpu_steal_pct_avg=steal[0], cpu_steal_pct_max=steal[1],
+        ram_used_mib_avg=ram[0], ram_used_mib_p95=ram[1], ram_used_mib_max=ram[2])
+
+
+@pytest.fixture
+def guest(world):
+    """ws-ana's guest over 20 minutes: 32 GiB of RAM, memory not reported at 10:05 (a guest
+    without the balloon driver), nothing at all at 10:10, then resized to 16 GiB at 10:15."""
+    guest_rollup(world.vm_ana, 0, 10, 32768, (20.0, 40.0, 50.0), (60.0, 90.0, 100.0), (1.0, 2.5),
+                 (8192.0, 16384.0, 16384.0))
+    guest_rollup(world.vm_ana, 300, 30, 32768, (40.0, 70.0, 80.0), (80.0, 95.0, 100.0), (3.0, 6.0),
+                 (None, None, None))
+    guest_rollup(world.vm_ana, 900, 20, 16384, (10.0, 12.0, 15.0), (30.0, 50.0, 60.0), (0.5, 1.0),
+                 (4096.0, 8192.0, 12288.0))
+    return world
+
+
+def test_vm_guest_series_from_its_guest_rollups_with_memory_as_share_of_its_ram(admin_api, guest):
+    body = get(admin_api, vm_url(guest.vm_ana), start=T0.isoformat(), end=at(1200).isoformat(), step=300,
+               metric=",".join(GUEST_METRICS)).json()
+
+    series = body["series"]
+    assert list(series) == list(GUEST_METRICS)
+    assert series["vcpu_util"] == {
+        "t": ["2026-03-02T10:00:00Z", "2026-03-02T10:05:00Z", "2026-03-02T10:10:00Z", "2026-03-02T10:15:00Z"],
+        "avg": [20.0, 40.0, None, 10.0], "p95": [40.0, 70.0, None, 12.0], "max": [50.0, 80.0, None, 15.0],
+    }
+    assert series["vcpu_max_util"]["p95"] == [90.0, 95.0, None, 50.0]
+    assert {k: v for k, v in series["cpu_steal_pct"].items() if k != "t"} == {
+        "avg": [1.0, 3.0, None, 0.5], "max": [2.5, 6.0, None, 1.0]}  # no p95 kept for steal
+    # Memory the guest did not report stays null, never 0.
+    assert series["ram_used_mib"]["avg"] == [8192.0, None, None, 4096.0]
+    assert series["ram_used_mib"]["p95"] == [16384.0, None, None, 8192.0]
+    # Of the RAM the VM had in that bucket: 32 GiB, then 16 GiB.
+    assert {k: v for k, v in series["ram_used_pct"].items() if k != "t"} == {
+        "avg": [25.0, None, None, 25.0], "p95": [50.0, None, None, 50.0], "max": [50.0, None, None, 75.0]}
+
+
+def test_a_wider_step_merges_guest_rollups_as_the_vgpu_ones(admin_api, guest):
+    body = get(admin_api, vm_url(guest.vm_ana), start=T0.isoformat(), end=at(1200).isoformat(), step=1200,
+               metric=",".join(GUEST_METRICS)).json()
+
+    series = body["series"]
+    assert (body["step"], body["source_step"]) == (1200, 300)
+    assert series["vcpu_util"]["avg"] == [pytest.approx((10 * 20.0 + 30 * 40.0 + 20 * 10.0) / 60)]
+    assert (series["vcpu_util"]["p95"], series["vcpu_util"]["max"]) == ([70.0], [80.0])  # highest p95, max
+    # The 30 readings without a memory figure weigh nothing in the mean.
+    assert series["ram_used_mib"]["avg"] == [pytest.approx((10 * 8192.0 + 20 * 4096.0) / 30)]
+    assert series["ram_used_pct"] == {"t": ["2026-03-02T10:00:00Z"], "avg": [25.0], "p95": [50.0], "max": [75.0]}
+
+
+def test_guest_and_vgpu_series_of_a_vm_in_one_request_each_from_its_rollups(admin_api, guest):
+    VmRollup.objects.create(vm=guest.vm_ana, step_s=300, bucket=T0, samples=30, fb_used_mib_avg=6144.0,
+                            fb_used_mib_max=6144.0, fb_used_mib_p95=6144.0, util_gpu_avg=55.0,
+                            profile_fb_mib=24576.0)
+    url = f"{vm_url(guest.vm_ana)}?start={T0.timestamp():.0f}&end={at(300).timestamp():.0f}"
+
+    body = admin_api.get(f"{url}&metric=ram_used_pct,fb_used_pct&metric=util_gpu,vcpu_util").json()
+    with CaptureQueriesContext(connection) as queries:
+        admin_api.get(f"{url}&metric=vcpu_util")
+
+    assert list(body["series"]) == ["ram_used_pct", "fb_used_pct", "util_gpu", "vcpu_util"]
+    assert body["series"]["fb_used_pct"]["avg"] == [25.0]  # of its profiles' 24 GiB
+    assert body["series"]["ram_used_pct"]["avg"] == [25.0]  # of its 32 GiB of RAM
+    assert (body["series"]["util_gpu"]["avg"], body["series"]["vcpu_util"]["avg"]) == ([55.0], [20.0])
+    read = " ".join(q["sql"] for q in queries.captured_queries)
+    assert "telemetry_guestrollup" in read
+    assert "telemetry_vmrollup" not in read  # guest metrics alone read only the guest rollups
+
+
+def test_from_guest_samples_to_the_vm_chart(admin_api, world):
+    """End to end: guest readings through the hypervisor, the rollup build, then the series."""
+    for i in range(10):
+        GuestSample.objects.create(vm=world.vm_ana, ts=at(30 * i), vcpus=8, ram_mib=32768,
+                                   vcpu_util=12.5 if i >= 5 else 3.0, vcpu_max_util=100.0 if i >= 5 else 10.0,
+                                   cpu_steal_pct=0.5, ram_used_mib=None if i == 3 else (16384 if i >= 5 else 8192))
+        GuestSample.objects.create(vm=world.vm_bob, ts=at(30 * i), vcpus=4, ram_mib=16384, vcpu_util=1.0,
+                                   vcpu_max_util=2.0, cpu_steal_pct=None, ram_used_mib=None)
+    build_rollups(300, now=at(600))
+
+    ana = get(admin_api, vm_url(world.vm_ana), start=T0.isoformat(), end=at(600).isoformat(), step=300).json()
+    bob = get(admin_api, vm_url(world.vm_bob), start=T0.isoformat(), end=at(600).isoformat(), step=300,
+              metric="ram_used_pct,ram_used_mib,cpu_steal_pct").json()
+
+    series = ana["series"]
+    assert series["vcpu_util"] == {"t": ["2026-03-02T10:00:00Z", "2026-03-02T10:05:00Z"],
+                                   "avg": [7.75, None], "p95": [12.5, None], "max": [12.5, None]}
+    assert series["vcpu_max_util"]["avg"] == [55.0, None]
+    assert series["cpu_steal_pct"]["max"] == [0.5, None]
+    # Nine memory readings (four of 8 GiB, five of 16 GiB): the one without a figure left out.
+    assert series["ram_used_mib"]["avg"] == [pytest.approx((4 * 8192 + 5 * 16384) / 9), None]
+    assert series["ram_used_pct"]["avg"] == [pytest.approx((4 * 25.0 + 5 * 50.0) / 9), None]
+    assert series["ram_used_pct"]["max"] == [50.0, None]
+    # A guest that never reported its memory or steal: null, never 0.
+    assert bob["series"]["ram_used_pct"]["avg"] == [None, None]
+    assert bob["series"]["ram_used_mib"]["max"] == [None, None]
+    assert bob["series"]["cpu_steal_pct"]["avg"] == [None, None]
+
+
+def test_an_artist_reads_the_guest_series_of_their_own_vm_only(artist_api, guest):
+    guest_rollup(guest.vm_bob, 0, 10, 16384, (66.0, 66.0, 66.0), (66.0, 66.0, 66.0), (6.6, 6.6),
+                 (6666.0, 6666.0, 6666.0))
+
+    own = get(artist_api, vm_url(guest.vm_ana), metric="vcpu_util,ram_used_pct", step=300, **RANGE)
+    other = get(artist_api, vm_url(guest.vm_bob), metric="vcpu_util,ram_used_pct", step=300, **RANGE)
+
+    assert own.status_code == 200
+    assert own.json()["series"]["vcpu_util"]["avg"][:2] == [20.0, 40.0]
+    assert other.status_code == 404
+    assert b"66" not in other.content
+
+
+def test_guest_metrics_are_refused_for_a_gpu_and_unknown_ones_name_the_valid_list(admin_api, world):
+    for_gpu = get(admin_api, gpu_url(world.gpu_1), metric="vcpu_util", **RANGE)
+    unknown = get(admin_api, vm_url(world.vm_ana), metric="ram_used,vcpu_util", **RANGE)
+
+    assert for_gpu.status_code == 400
+    assert for_gpu.json()["metric"] == [
+        "'vcpu_util' not available for a GPU; use util_gpu, util_mem, fb_used_mib, fb_used_pct, enc_util, "
+        "dec_util, temp_c, power_w, sm_clock_mhz."]
+    assert unknown.status_code == 400
+    assert unknown.json()["metric"] == [
+        "'ram_used' not available for a VM; use util_gpu, util_mem, fb_used_mib, fb_used_pct, enc_util, dec_util, "
+        "vcpu_util, vcpu_max_util, cpu_steal_pct, ram_used_mib, ram_used_pct."]
+
+
 # `latest` on the GPU detail ----------------------------------------------------------------
 
 
@@ -289,5 +433,11 @@ def test_schema_documents_the_metrics_endpoints(admin_api, db):
     assert set(gpu["responses"]) == {"200", "400", "403"}
     series = schema["components"]["schemas"]["GpuMetricSeries"]["properties"]
     assert "sm_clock_mhz" in series
-    assert "temp_c" not in schema["components"]["schemas"]["VmMetricSeries"]["properties"]
+    vm_series = schema["components"]["schemas"]["VmMetricSeries"]["properties"]
+    assert "temp_c" not in vm_series
+    assert {"vcpu_util", "vcpu_max_util", "cpu_steal_pct", "ram_used_mib", "ram_used_pct"} <= set(vm_series)
+    assert "vcpu_util" not in series
+    vm_metric = next(p for p in schema["paths"]["/api/v1/vms/{id}/metrics/"]["get"]["parameters"]
+                     if p["name"] == "metric")
+    assert "ram_used_pct" in vm_metric["schema"]["items"]["enum"]
     assert "/api/v1/vms/{id}/metrics/" in schema["paths"]

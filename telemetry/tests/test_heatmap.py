@@ -1,6 +1,7 @@
-"""Pure parts of `telemetry.heatmap`: the default step, the hour-of-week columns (DST included)
-and the fold, and the JSON rows the API splices into its response; `telemetry.heatmap_codec`'s
-typed encoding, fixed-scale codes, groups and the figures read from codes."""
+"""Pure parts of `telemetry.heatmap`: the metrics each kind of row offers and their units, the
+default step, the hour-of-week columns (DST included) and the fold, and the JSON rows the API
+splices into its response; `telemetry.heatmap_codec`'s typed encoding, fixed-scale codes,
+groups and the figures read from codes."""
 
 import random
 from datetime import UTC, datetime, timedelta
@@ -9,6 +10,8 @@ from zoneinfo import ZoneInfo
 import pytest
 
 from telemetry.heatmap import (
+    GROUP_METRICS,
+    UNITS,
     JsonRows,
     column_count,
     default_step,
@@ -29,9 +32,31 @@ from telemetry.heatmap_codec import (
     group_windows,
     typed_matrix,
 )
+from telemetry.metrics import METRICS, VM_ROLLUPS
 
 MONDAY = datetime(2026, 3, 2, tzinfo=UTC)
 PARIS = ZoneInfo("Europe/Paris")
+GUEST = ("vcpu_util", "vcpu_max_util", "cpu_steal_pct", "ram_used_mib", "ram_used_pct")
+
+
+def test_vm_rows_offer_the_guest_metrics_and_gpu_and_host_rows_do_not():
+    assert GROUP_METRICS["vm"] == ("util_gpu", "util_mem", "fb_used_mib", "fb_used_pct", "enc_util", "dec_util",
+                                   *GUEST)
+    assert GROUP_METRICS["gpu"] == GROUP_METRICS["host"] == (
+        "util_gpu", "util_mem", "fb_used_mib", "fb_used_pct", "enc_util", "dec_util", "temp_c", "power_w",
+        "sm_clock_mhz")
+    # Each from the guest rollups; the memory share of the RAM allocation of the same rollup.
+    assert {name: VM_ROLLUPS[METRICS[name].source].model.__name__ for name in GUEST} == dict.fromkeys(
+        GUEST, "GuestRollup")
+    assert VM_ROLLUPS[METRICS["ram_used_pct"].source].capacity_column == "ram_mib"
+    assert [METRICS["ram_used_pct"].column(stat) for stat in METRICS["ram_used_pct"].stats] == [
+        "ram_used_mib_avg", "ram_used_mib_max", "ram_used_mib_p95"]
+
+
+def test_every_metric_has_a_unit_and_percentages_share_the_0_to_100_scale():
+    assert set(UNITS) == set(METRICS)
+    assert {name: UNITS[name] for name in GUEST} == {
+        "vcpu_util": "%", "vcpu_max_util": "%", "cpu_steal_pct": "%", "ram_used_mib": "MiB", "ram_used_pct": "%"}
 
 
 @pytest.mark.parametrize(("span", "step", "columns"), [
