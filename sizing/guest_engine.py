@@ -38,6 +38,8 @@ overcommit).
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -292,3 +294,15 @@ def combine(gpu_action: str, gpu_util_p95: float | None, guest: GuestAdvice, *, 
         return Combined(MEMORY_BOUND, "The guest is short of RAM while its frame buffer is fine: add RAM, not a "
                                       "bigger vGPU.")
     return None
+
+
+def evidence_key(gpu_key: str, guest: GuestAdvice, combined: Combined | None) -> str:
+    """The suggestion's digest with the guest's advice folded in (see `sizing.engine.evidence_key`,
+    on which a dismissal turns): the vCPU and RAM actions and sizes and the combined reading,
+    without figures, so an hourly refresh does not bring back a dismissed suggestion. A VM with
+    no guest advice at all keeps the vGPU's key as it was."""
+    parts = {"cpu": guest.cpu_action, "vcpus": guest.suggested_vcpus, "ram": guest.ram_action,
+             "ram_gib": guest.suggested_ram_gib, "combined": combined.kind if combined else None}
+    if guest.cpu_action == INSUFFICIENT_DATA and guest.ram_action == INSUFFICIENT_DATA and combined is None:
+        return gpu_key
+    return hashlib.sha256(f"{gpu_key}:{json.dumps(parts, sort_keys=True)}".encode()).hexdigest()

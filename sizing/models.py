@@ -62,6 +62,13 @@ class SuggestionAction(models.TextChoices):
     INSUFFICIENT_DATA = "insufficient_data", "Not enough data"
 
 
+class CombinedKind(models.TextChoices):
+    CPU_BOUND = "cpu_bound", "CPU-bound: one vCPU saturated while the GPU idles"
+    GPU_BOUND = "gpu_bound", "GPU-bound: the GPU is busy, the vCPUs are not"
+    MEMORY_BOUND = "memory_bound", "Short of RAM, not of frame buffer"
+    HOST_CONTENDED = "host_contended", "The vCPUs wait for the host's CPUs"
+
+
 class Suggestion(models.Model):
     """The right-sizing advice for one VM, refreshed from its rollups by a beat task.
 
@@ -101,6 +108,17 @@ class Suggestion(models.Model):
     resize_request = models.ForeignKey(
         ResizeRequest, null=True, blank=True, on_delete=models.SET_NULL, related_name="+",
         help_text="The request filed when an admin accepted this suggestion",
+    )
+    # The rest of the workstation, from the guest's CPU and memory read through the hypervisor
+    # (sizing.guest_engine); the figures are in evidence["guest"], the combined reading in
+    # evidence["combined"].
+    cpu_action = models.CharField("vCPU advice", max_length=20, choices=SuggestionAction.choices, blank=True)
+    suggested_vcpus = models.PositiveSmallIntegerField("suggested vCPUs", null=True, blank=True)
+    ram_action = models.CharField("RAM advice", max_length=20, choices=SuggestionAction.choices, blank=True)
+    suggested_ram_gib = models.PositiveIntegerField("suggested RAM, GiB", null=True, blank=True)
+    combined = models.CharField(
+        max_length=20, choices=CombinedKind.choices, blank=True,
+        help_text="What the GPU's and the CPU's figures say together when they disagree",
     )
 
     class Meta:

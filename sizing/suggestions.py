@@ -2,10 +2,12 @@
 
 `refresh_suggestions` is the hourly beat task's work (`sizing.tasks`): it reads the fleet once
 (`fleet.queries.fleet_snapshot`), streams every VM's hourly rollups over the window in one
-query, asks the pure engine (`sizing.engine.advise`) what each VM should hold and, for a resize,
-where the new size would fit (`fleet.fit.ImpactCalculator`, the answer approval follows), then
-upserts one `Suggestion` per VM. The query count is the same for ten VMs as for ten thousand
-(apart from the insert batches), and memory holds one VM's rollups at a time.
+query (and its guest CPU and memory rollups in another, for `sizing.guest_engine`'s vCPU and
+RAM advice and the combined reading), asks the pure engine (`sizing.engine.advise`) what each VM
+should hold and, for a resize, where the new size would fit (`fleet.fit.ImpactCalculator`, the
+answer approval follows), then upserts one `Suggestion` per VM. The query count is the same for
+ten VMs as for ten thousand (apart from the insert batches), and memory holds one VM's rollups at
+a time.
 
 A dismissal hides a suggestion while its `evidence_key` (a coarse digest of the advice and its
 figures, `sizing.engine.evidence_key`) stays what it was dismissed on; once a refresh changes the
@@ -37,10 +39,10 @@ from fleet.fit import ImpactCalculator
 from fleet.models import ResizeRequest, Vgpu
 from fleet.queries import fleet_snapshot
 from fleet.snapshot import FleetSnapshot
-from sizing import engine
+from sizing import engine, guest_engine
 from sizing.models import Suggestion, SuggestionAction
 from telemetry.aggregation import bucket_floor
-from telemetry.models import VmRollup
+from telemetry.models import GuestRollup, VmRollup
 
 logger = logging.getLogger(__name__)
 
@@ -54,7 +56,8 @@ REASON_MAX_CHARS = Suggestion._meta.get_field("reason").max_length
 #: The columns a refresh writes; the dismissal and the filed request are the admin's.
 REFRESHED_FIELDS = [
     "current_profile", "suggested_profile", "suggested_vgpus", "action", "reason", "evidence", "evidence_key",
-    "fits", "gpus_delta", "window_start", "window_end", "computed_at",
+    "fits", "gpus_delta", "window_start", "window_end", "computed_at", "cpu_action", "suggested_vcpus",
+    "ram_action", "suggested_ram_gib", "combined",
 ]
 _ROLLUP_COLUMNS = (
     "vm_id", "bucket", "samples", "fb_used_mib_avg", "fb_used_mib_max", "fb_used_mib_p95", "util_gpu_avg",
@@ -103,6 +106,23 @@ def _usage_hours(start: datetime, end: datetime, vm_ids: list[int] | None) -> It
         ]
 
 
+_GUEST_COLUMNS = (
+    "vm_id", "bucket", "samples", "vcpus", "ram_mib", "vcpu_util_avg", "vcpu_util_p95", "vcpu_max_util_p95",
+    "vcpu_max_util_max", "cpu_steal_pct_avg", "ram_used_mib_p95", "ram_used_mib_max",
+)
+
+
+def _guest_hours(start: datetime, end: datetime, vm_ids: list[int] | None) -> Iterator[tuple[int, list]]:
+    """(vm_id, [GuestHour, ...]) for every VM with hourly guest rollups in [start, end), by VM id
+    and bucket: one query, streamed, like `_usage_hours`."""
+    rows = GuestRollup.objects.filter(step_s=HOURLY, bucket__gte=start, bucket__lt=end)
+    if vm_ids is not None:
+        rows = rows.filter(vm_id__in=vm_ids)
+    stream = rows.order_by("vm_id", "bucket").values_list(*_GUEST_COLUMNS).iterator(chunk_size=CHUNK_ROWS)
+    for vm_id, group in groupby(stream, key=itemgetter(0)):
+        yield vm_id, [guest_engine.GuestHour(*row[1:]) for row in group]
+
+
 def _hours_per_vm(vm_ids: list[int], streamed: Iterable[tuple[int, list]]) -> Iterator[tuple[int, list]]:
     """Pairs each of `vm_ids` (ascending) with its hours from `streamed` (ascending by VM), or
     with no hours: a VM without rollups still gets a suggestion ("not enough data")."""
@@ -118,9 +138,29 @@ def _hours_per_vm(vm_ids: list[int], streamed: Iterable[tuple[int, list]]) -> It
             yield vm_id, []
 
 
+def _room(snapshot: FleetSnapshot, vm_id: int) -> guest_engine.HostRoom | None:
+    """What the VM's host can still give it, under its overcommit (None for a VM on no host)."""
+    host = snapshot.hosts.get(snapshot.vms[vm_id].host_id)
+    if host is None:
+        return None
+    return guest_engine.HostRoom(host.name, vcpus=host.vcpu_capacity - host.allocated_vcpus,
+                                 ram_gib=host.ram_capacity_gib - host.allocated_ram_gib)
+
+
+def _guest(snapshot: FleetSnapshot, vm_id: int, guest_hours: list, advice: engine.Advice):
+    """(guest advice, combined reading) of one VM: its vCPUs and RAM, and what they say beside its vGPU's advice."""
+    vm = snapshot.vms[vm_id]
+    guest = guest_engine.advise_guest(guest_hours, vm.vcpus, vm.ram_gib, room=_room(snapshot, vm_id))
+    combined = guest_engine.combine(advice.action, advice.evidence.get("util_gpu_p95_pct"), guest,
+                                    fb_pressure=advice.action == engine.UPSIZE)
+    return guest, combined
+
+
 def _suggestion(snapshot: FleetSnapshot, impacts: ImpactCalculator, vm_id: int, hours: list,
-                limits: engine.Thresholds, window: tuple[datetime, datetime], now: datetime) -> Suggestion:
-    """The unsaved suggestion for one VM: the engine's advice and, for a resize, its impact."""
+                limits: engine.Thresholds, window: tuple[datetime, datetime], now: datetime,
+                guest_hours: list | None = None) -> Suggestion:
+    """The unsaved suggestion for one VM: the engine's advice and, for a resize, its impact; its
+    vCPU and RAM advice from `guest_hours` and the combined reading."""
     vm = snapshot.vms[vm_id]
     current = snapshot.vm_profile(vm_id)
     options = snapshot.profiles_for(current.gpu_model, current.series)
@@ -137,12 +177,19 @@ def _suggestion(snapshot: FleetSnapshot, impacts: ImpactCalculator, vm_id: int, 
             "gpu_ids": list(impact.gpu_ids), "host_id": impact.host_id, "gpus_delta": impact.gpus_delta,
             "refusals": list(impact.refusals), "frees_by_moving": impact.frees_by_moving,
         }
+    guest, combined = _guest(snapshot, vm_id, guest_hours or [], advice)
+    evidence["guest"] = {**guest.evidence, "reasons": list(guest.reasons),
+                         "single_thread_bound": guest.single_thread_bound, "steal_high": guest.steal_high}
+    evidence["combined"] = ({"kind": combined.kind, "message": combined.message, "keep_vgpu": combined.keep_vgpu}
+                            if combined else None)
     return Suggestion(
         vm_id=vm_id, current_profile_id=current.id,
         suggested_profile_id=advice.suggested.id if advice.suggested is not None else None,
         suggested_vgpus=advice.suggested_vgpus, action=advice.action, reason=advice.reason[:REASON_MAX_CHARS],
-        evidence=evidence, evidence_key=engine.evidence_key(advice), fits=fits, gpus_delta=gpus_delta,
-        window_start=window[0], window_end=window[1], computed_at=now,
+        evidence=evidence, evidence_key=guest_engine.evidence_key(engine.evidence_key(advice), guest, combined),
+        fits=fits, gpus_delta=gpus_delta, window_start=window[0], window_end=window[1], computed_at=now,
+        cpu_action=guest.cpu_action, suggested_vcpus=guest.suggested_vcpus, ram_action=guest.ram_action,
+        suggested_ram_gib=guest.suggested_ram_gib, combined=combined.kind if combined else "",
     )
 
 
@@ -167,9 +214,10 @@ def refresh_suggestions(now: datetime | None = None, vm_ids: Iterable[int] | Non
     rows = []
     impacts = ImpactCalculator(snapshot)
     streamed = _usage_hours(*window, vm_ids=wanted)
-    for vm_id, hours in _hours_per_vm(subjects, streamed):
+    guests = _hours_per_vm(subjects, _guest_hours(*window, vm_ids=wanted))
+    for (vm_id, hours), (_, guest_hours) in zip(_hours_per_vm(subjects, streamed), guests, strict=True):
         try:
-            row = _suggestion(snapshot, impacts, vm_id, hours, limits, window, now)
+            row = _suggestion(snapshot, impacts, vm_id, hours, limits, window, now, guest_hours)
         except Exception:
             logger.exception("right-sizing of VM %s (id %d) failed", snapshot.vms[vm_id].name, vm_id)
             counts["failed"] += 1

@@ -12,7 +12,7 @@ from fleet import services
 from fleet.tests.factories import ArtistFactory, GpuFactory, HostFactory, VirtualMachineFactory, profile
 from sizing.models import Suggestion, SuggestionAction
 from telemetry.aggregation import bucket_floor
-from telemetry.models import VmRollup
+from telemetry.models import GuestRollup, VmRollup
 
 #: "Now" of the tests: half past ten, so the hour in progress (10:00-11:00) is left out.
 NOW = datetime(2026, 3, 16, 10, 30, tzinfo=UTC)
@@ -41,6 +41,20 @@ def hourly(vm, hours: int, *, fb_mib, util_pct=20.0, enc_pct=0.0, profile_fb_mib
             enc_util_avg=enc, enc_util_max=enc, profile_fb_mib=profile_fb_mib,
         ))
     return VmRollup.objects.bulk_create(rows)
+
+
+def guest_hourly(vm, hours: int, *, util_pct: float, busiest_pct: float, ram_used_mib: float | None,
+                 steal_pct: float = 0.3, end: datetime = END) -> list[GuestRollup]:
+    """`hours` hourly guest rollups of `vm` (its vCPUs and RAM as it has them) ending at `end`:
+    its vCPUs together at `util_pct`, the busiest at `busiest_pct`, memory used `ram_used_mib`
+    (None: the guest reports none)."""
+    return GuestRollup.objects.bulk_create(GuestRollup(
+        vm=vm, step_s=3600, bucket=end - timedelta(hours=hours - i), samples=60, vcpus=vm.vcpus,
+        ram_mib=vm.ram_gib * GIB, vcpu_util_avg=util_pct, vcpu_util_p95=util_pct, vcpu_util_max=util_pct,
+        vcpu_max_util_avg=busiest_pct, vcpu_max_util_p95=busiest_pct, vcpu_max_util_max=busiest_pct,
+        cpu_steal_pct_avg=steal_pct, cpu_steal_pct_max=steal_pct, ram_used_mib_avg=ram_used_mib,
+        ram_used_mib_p95=ram_used_mib, ram_used_mib_max=ram_used_mib,
+    ) for i in range(hours))
 
 
 def rtx_studio(artist=None) -> SimpleNamespace:

@@ -19,7 +19,16 @@ from sizing import engine
 from sizing.models import Suggestion
 from sizing.queries import suggestion_summary, suggestions_for
 from sizing.suggestions import SuggestionConflict, accept_suggestion, dismiss_suggestion, refresh_suggestions
-from sizing.tests.suggestion_world import END, GIB, NOW, TWO_WEEKS_H, hourly, rtx_studio, two_weeks_of_use
+from sizing.tests.suggestion_world import (
+    END,
+    GIB,
+    NOW,
+    TWO_WEEKS_H,
+    guest_hourly,
+    hourly,
+    rtx_studio,
+    two_weeks_of_use,
+)
 from telemetry.models import VmRollup
 from telemetry.rollups import build_rollups
 from telemetry.tests.rollup_world import vgpu_samples
@@ -56,6 +65,46 @@ def test_a_vm_over_90_percent_of_its_profile_gets_an_upsize_that_fits_on_its_gpu
     assert heavy.evidence["impact"]["gpu_ids"] == [world.gpu_1.pk]
     assert (heavy.window_start, heavy.window_end, heavy.computed_at) == (END - timedelta(days=14), END, NOW)
     assert counts == {"upsize": 1, "downsize": 1, "keep": 1, "insufficient_data": 0, "removed": 0, "failed": 0}
+
+
+def test_the_cpu_explains_what_the_gpu_cannot_a_saturated_vcpu_beside_an_idle_gpu(world):
+    """peer's GPU idles (p95 12 %) while one of its 8 vCPUs is saturated: CPU-bound. light uses 5
+    of its 32 GiB of RAM: it gives RAM back. heavy's guest reports no memory: no RAM advice."""
+    world.peer.vcpus, world.peer.ram_gib = 8, 32
+    world.peer.save()
+    VmRollup.objects.filter(vm=world.peer).update(util_gpu_p95=12.0, util_gpu_avg=8.0)
+    guest_hourly(world.peer, TWO_WEEKS_H, util_pct=14.0, busiest_pct=98.0, ram_used_mib=16 * GIB)
+    world.light.ram_gib = 32
+    world.light.save()
+    guest_hourly(world.light, TWO_WEEKS_H, util_pct=20.0, busiest_pct=40.0, ram_used_mib=5 * GIB)
+    guest_hourly(world.heavy, TWO_WEEKS_H, util_pct=30.0, busiest_pct=50.0, ram_used_mib=None)
+
+    refresh_suggestions(now=NOW)
+
+    peer = suggestion_of(world.peer)
+    assert (peer.action, peer.cpu_action, peer.combined) == ("keep", "keep", "cpu_bound")
+    assert peer.evidence["combined"]["message"].startswith("The GPU idles (p95 12 %) while one vCPU is saturated")
+    assert peer.evidence["guest"]["vcpu_max_util_p95"] == 98.0
+    assert peer.evidence["guest"]["single_thread_bound"] is True
+    light = suggestion_of(world.light)
+    assert (light.ram_action, light.suggested_ram_gib) == ("downsize", 8)  # 5 / 0.7 = 7.1 -> 8 GiB
+    assert any("never used more than 5.0 of its 32 GiB" in r for r in light.evidence["guest"]["reasons"])
+    heavy = suggestion_of(world.heavy)
+    assert (heavy.ram_action, heavy.suggested_ram_gib) == ("insufficient_data", None)
+
+
+def test_a_change_of_the_cpu_advice_brings_back_a_dismissed_suggestion(world, admin_user):
+    refresh_suggestions(now=NOW)
+    dismiss_suggestion(suggestion_of(world.peer), admin_user)
+    refresh_suggestions(now=NOW)
+    assert suggestion_of(world.peer).is_dismissed  # nothing new: stays dismissed
+
+    world.peer.vcpus = 8
+    world.peer.save()
+    guest_hourly(world.peer, TWO_WEEKS_H, util_pct=14.0, busiest_pct=98.0, ram_used_mib=4 * GIB)
+    refresh_suggestions(now=NOW)
+
+    assert not suggestion_of(world.peer).is_dismissed
 
 
 def test_a_vm_at_30_percent_gets_a_downsize_with_the_gpu_it_frees(world):
@@ -254,12 +303,12 @@ def _refresh_queries() -> int:
 
 def test_a_refresh_costs_the_same_queries_for_2_vms_as_for_12(django_assert_num_queries):
     _fleet(2)
-    # The snapshot (7), the rollups (1), then in a savepoint: the upsert, ended dismissals,
-    # dropped request links and removals (1 each).
-    assert _refresh_queries() == 14
+    # The snapshot (7), the rollups and the guest rollups (1 each), then in a savepoint: the
+    # upsert, ended dismissals, dropped request links and removals (1 each).
+    assert _refresh_queries() == 15
     assert Suggestion.objects.count() == 2
     _fleet(10)
-    with django_assert_num_queries(14):
+    with django_assert_num_queries(15):
         counts = refresh_suggestions(now=NOW)
     assert sum(counts[a] for a in ("upsize", "downsize", "keep", "insufficient_data")) == 12
     assert Suggestion.objects.count() == 12
