@@ -18,7 +18,8 @@ from fleet.tests.factories import ArtistFactory, GpuFactory, HostFactory, Virtua
 from sizing import tasks
 from sizing.models import Suggestion
 from sizing.suggestions import refresh_suggestions
-from sizing.tests.suggestion_world import GIB, NOW, hourly, rtx_studio, two_weeks_of_use
+from sizing.tests.suggestion_world import GIB, NOW, TWO_WEEKS_H, guest_hourly, hourly, rtx_studio, two_weeks_of_use
+from telemetry.models import VmRollup
 
 pytestmark = pytest.mark.django_db
 
@@ -367,6 +368,28 @@ def test_a_vms_page_shows_its_suggestion(staff_client, world):
     assert "Downsize RTX6000-24Q → to RTX6000-12Q" in page
     assert world.light_s.reason in page
     assert world.light_s.evidence["impact"]["detail"] in page
+
+
+def test_the_cpu_reading_beside_an_idle_gpu_is_on_the_vms_page_the_list_and_the_api(staff_client, world):
+    world.peer.vcpus, world.peer.ram_gib = 8, 32
+    world.peer.save()
+    VmRollup.objects.filter(vm=world.peer).update(util_gpu_p95=12.0)
+    guest_hourly(world.peer, TWO_WEEKS_H, util_pct=14.0, busiest_pct=98.0, ram_used_mib=5 * GIB)
+    refresh_suggestions(now=NOW)
+
+    vm_page = text(body(staff_client.get(f"/vms/{world.peer.pk}/")))
+    assert "CPU-bound: one vCPU saturated while the GPU idles." in vm_page
+    assert "do not upsize the vGPU" in vm_page
+    assert "all vCPUs p95 14%, busiest vCPU p95 98%" in vm_page
+    assert "Downsize 32 → to 8 GiB" in vm_page  # 5 of 32 GiB used
+    listed = body(staff_client.get(PAGE))
+    assert 'data-combined="cpu_bound"' in listed
+    api = staff_client.get(f"/api/v1/suggestions/?vm={world.peer.pk}").json()["results"][0]
+    assert (api["cpu_action"], api["ram_action"], api["suggested_ram_gib"], api["combined"]) == (
+        "keep", "downsize", 8, "cpu_bound")
+    # A VM whose guest was never read says where the figures would come from.
+    assert "not read yet (the host's hypervisor link gives the guest's CPU)" in text(
+        body(staff_client.get(f"/vms/{world.light.pk}/")))
 
 
 def test_an_artist_sees_the_suggestion_of_their_own_vm(artist_client, world):

@@ -44,7 +44,11 @@ class FiledRequestSerializer(serializers.ModelSerializer):
 class SuggestionSerializer(ExpandableMixin, serializers.ModelSerializer):
     """One VM's right-sizing advice with the figures it rests on (`evidence`: frame buffer p95,
     peak and mean in MiB and as % of the current profile, GPU and encoder use, coverage, a daily
-    series, and for a resize `impact`: where it fits and why not on the VM's GPU)."""
+    series, and for a resize `impact`: where it fits and why not on the VM's GPU); its vCPU and RAM
+    advice from the guest's CPU and memory read through the hypervisor (`cpu_action`,
+    `suggested_vcpus`, `ram_action`, `suggested_ram_gib`, figures in `evidence.guest`), and
+    `combined`: what the GPU's and CPU's figures say together when they disagree
+    (`evidence.combined.message`)."""
 
     expandable_fields = ("vm", "current_profile", "suggested_profile")
 
@@ -68,7 +72,8 @@ class SuggestionSerializer(ExpandableMixin, serializers.ModelSerializer):
         fields = ["id", "vm", "vm_name", "artist", "host", "current_profile", "current_profile_name",
                   "suggested_profile", "suggested_profile_name", "suggested_vgpus", "action", "reason", "evidence",
                   "evidence_key", "fits", "gpus_delta", "window_start", "window_end", "computed_at", "dismissed",
-                  "dismissed_at", "resize_request"]
+                  "dismissed_at", "resize_request", "cpu_action", "suggested_vcpus", "ram_action",
+                  "suggested_ram_gib", "combined"]
         read_only_fields = fields
 
 
