@@ -89,6 +89,11 @@ class PlannerServerForm(forms.Form):
         label="From measurements", required=False,
         help_text="Plan the fleet's VMs with their suggested profiles instead of the artist mix",
     )
+    measured_cpu_ram = forms.BooleanField(
+        label="vCPUs and RAM from measurements", required=False,
+        help_text="Each workflow's vCPUs and RAM as the fleet's measured VMs of it need them (the 75th percentile "
+                  "of their right-sized vCPUs and RAM), instead of the presets'",
+    )
     hosts = forms.TypedMultipleChoiceField(
         label="Only VMs on", coerce=int, required=False, help_text="With From measurements; none: every host",
     )

@@ -10,6 +10,13 @@ Two ways to say who the artists are:
   translated to the server's board, and its own vCPUs and RAM. This is the proof-of-concept
   workflow NVIDIA's sizing guide recommends, done with the studio's own measurements.
 
+With `measured_cpu_ram`, a workflow row's vCPUs and RAM come from the fleet instead of the
+preset: the right-sized vCPUs and RAM (`sizing.guest_engine`'s advice where it advises a change,
+else what the VM has) of the fleet's VMs of that workflow whose guest was measured, the 75th
+percentile of them (most artists of the workflow get at least what they use); the preset where
+the fleet has none. In "from measurements" mode each VM is planned with its own right-sized
+vCPUs and RAM.
+
 Reads only, in a fixed number of queries whatever the number of rows or VMs.
 """
 
@@ -18,11 +25,14 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass
 
+from django.db.models import F
+
 from fleet import placement
 from fleet.choices import Workflow
 from fleet.models import GpuModel, Host, Vgpu, VgpuProfile, VirtualMachine
 from sizing import planner
 from sizing.models import Suggestion, SuggestionAction, WorkflowPreset
+from telemetry.aggregation import percentile_nearest_rank
 
 #: vCPUs and RAM of an artist row given by profile, without overrides (the VM model's defaults).
 DEFAULT_VCPUS = 8
@@ -69,6 +79,7 @@ class PlanRequest:
     artists: tuple[ArtistRow, ...] = ()
     from_measurements: bool = False
     host_ids: tuple[int, ...] = ()
+    measured_cpu_ram: bool = False
 
 
 @dataclass(frozen=True)
@@ -131,16 +142,59 @@ def server_spec(request: PlanRequest) -> planner.ServerSpec:
     )
 
 
+@dataclass(frozen=True)
+class MeasuredSize:
+    """The vCPUs and RAM the fleet's measured VMs of one workflow need (see the module docstring)."""
+
+    vcpus: int | None
+    ram_gib: int | None
+    vms: int
+
+
+def _right_sized(action: str, suggested: int | None, current: int) -> int | None:
+    """A VM's right-sized vCPUs or RAM: the advised size, what it has when advised to keep it, or
+    None when its guest was not measured enough to say."""
+    if action in (SuggestionAction.UPSIZE, SuggestionAction.DOWNSIZE) and suggested:
+        return suggested
+    return current if action == SuggestionAction.KEEP else None
+
+
+def measured_sizes() -> dict[str, MeasuredSize]:
+    """By workflow, the 75th percentile of the right-sized vCPUs and RAM of the fleet's VMs of
+    that workflow whose guest was measured (one query)."""
+    rows = (Suggestion.objects.filter(vm__artist__isnull=False).exclude(dismissed_key=F("evidence_key"))
+            .values_list("vm__artist__workflow", "cpu_action", "suggested_vcpus", "vm__vcpus", "ram_action",
+                         "suggested_ram_gib", "vm__ram_gib"))
+    vcpus: dict[str, list[int]] = defaultdict(list)
+    ram: dict[str, list[int]] = defaultdict(list)
+    for workflow, cpu_action, suggested_vcpus, vm_vcpus, ram_action, suggested_ram, vm_ram in rows:
+        if (sized := _right_sized(cpu_action, suggested_vcpus, vm_vcpus)) is not None:
+            vcpus[workflow].append(sized)
+        if (sized := _right_sized(ram_action, suggested_ram, vm_ram)) is not None:
+            ram[workflow].append(sized)
+    return {workflow: MeasuredSize(
+        vcpus=percentile_nearest_rank(vcpus[workflow], 75) if vcpus[workflow] else None,
+        ram_gib=percentile_nearest_rank(ram[workflow], 75) if ram[workflow] else None,
+        vms=max(len(vcpus[workflow]), len(ram[workflow])),
+    ) for workflow in set(vcpus) | set(ram)}
+
+
 def preset_demand(preset: WorkflowPreset, server: planner.ServerSpec, profiles: list[placement.ProfileSpec],
-                  row: ArtistRow | None = None) -> planner.ArtistDemand:
+                  row: ArtistRow | None = None, measured: MeasuredSize | None = None) -> planner.ArtistDemand:
     """The demand of artists of one workflow: the preset's frame buffer translated to the
-    server's board (`planner.board_profile`), with the row's overrides where given."""
+    server's board (`planner.board_profile`), with the row's overrides where given, else the
+    fleet's `measured` vCPUs and RAM where given, else the preset's."""
     row = row or ArtistRow(count=1, workflow=preset.workflow)
     profile, note = planner.board_profile(preset.fb_mib, preset.series, server.gpu_model, profiles)
+    vcpus = row.vcpus or (measured and measured.vcpus) or preset.vcpus
+    ram_gib = row.ram_gib or (measured and measured.ram_gib) or preset.ram_gib
+    if measured is not None and ((not row.vcpus and measured.vcpus) or (not row.ram_gib and measured.ram_gib)):
+        what = " and ".join(name for name, used in (("vCPUs", not row.vcpus and measured.vcpus),
+                                                    ("RAM", not row.ram_gib and measured.ram_gib)) if used)
+        note = "; ".join(part for part in (note, f"{what} measured on {measured.vms} VM(s) of the fleet") if part)
     return planner.ArtistDemand(
         label=row.label or workflow_label(preset.workflow), workflow=preset.workflow, profile=profile,
-        vgpus=row.vgpus or preset.vgpus, vcpus=row.vcpus or preset.vcpus, ram_gib=row.ram_gib or preset.ram_gib,
-        count=row.count, note=note,
+        vgpus=row.vgpus or preset.vgpus, vcpus=vcpus, ram_gib=ram_gib, count=row.count, note=note,
     )
 
 
@@ -158,12 +212,13 @@ def mix_demands(request: PlanRequest, server: planner.ServerSpec, profiles: list
     """The demands of an artist mix, one per row, in the order given."""
     if presets is None:
         presets = presets_by_workflow() if any(row.profile is None for row in request.artists) else {}
+    sizes = measured_sizes() if request.measured_cpu_ram else {}
     demands = []
     for row in request.artists:
         if row.profile is not None:
             demands.append(profile_demand(row))
         else:
-            demands.append(preset_demand(presets[row.workflow], server, profiles, row))
+            demands.append(preset_demand(presets[row.workflow], server, profiles, row, sizes.get(row.workflow)))
     return demands
 
 
@@ -198,9 +253,14 @@ def measured_demands(request: PlanRequest, server: planner.ServerSpec,
         source, start, vgpu_count, reason = _measured_choice(vm, current, count, catalog)
         profile, note = planner.board_profile(start.fb_mib, start.series, server.gpu_model, profiles)
         workflow = vm.artist.workflow if vm.artist else None
+        vcpus, ram_gib = vm.vcpus, vm.ram_gib
+        suggestion: Suggestion | None = getattr(vm, "suggestion", None)
+        if request.measured_cpu_ram and suggestion is not None and not suggestion.is_dismissed:
+            vcpus = _right_sized(suggestion.cpu_action, suggestion.suggested_vcpus, vm.vcpus) or vm.vcpus
+            ram_gib = _right_sized(suggestion.ram_action, suggestion.suggested_ram_gib, vm.ram_gib) or vm.ram_gib
         demands.append(planner.ArtistDemand(
-            label=vm.name, workflow=workflow, profile=profile, vgpus=vgpu_count, vcpus=vm.vcpus,
-            ram_gib=vm.ram_gib, count=1, note=note,
+            label=vm.name, workflow=workflow, profile=profile, vgpus=vgpu_count, vcpus=vcpus,
+            ram_gib=ram_gib, count=1, note=note,
         ))
         measured.append(MeasuredVm(
             vm_id=vm.pk, vm_name=vm.name, host=vm.host.name if vm.host else None, workflow=workflow,

@@ -299,3 +299,23 @@ def test_the_page_from_measurements_costs_the_same_queries_for_2_and_12_vms(staf
     html = get(staff, url)
     assert len(find(html, data_vm=True)) == 12
     assert _count(staff, url) == 10
+
+
+def test_vcpus_and_ram_can_come_from_the_fleets_measurements(staff, db):
+    from fleet.tests.factories import ArtistFactory
+    from sizing.models import SuggestionAction
+    from sizing.tests.planner_world import suggest
+
+    fleet = measured_fleet()
+    vm = fleet.vms["ws-keep"]
+    vm.artist = ArtistFactory(name="Ana", workflow="animation")
+    vm.save()
+    suggest(vm, SuggestionAction.KEEP, cpu_action="downsize", suggested_vcpus=6, ram_action="downsize",
+            suggested_ram_gib=24)
+
+    offered = get(staff)
+    html = get(staff, query([{"demand": "workflow:animation", "count": 1}], measured_cpu_ram="on"))
+
+    assert 'name="measured_cpu_ram"' in offered
+    assert "checked" in dict(one(html, name="measured_cpu_ram").attributes)
+    assert "vCPUs and RAM measured on 1 VM(s) of the fleet" in text(html)

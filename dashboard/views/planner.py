@@ -209,7 +209,7 @@ def _plan_request(data: dict, formset) -> planning.PlanRequest:
         gpu_model=data["gpu_model"], gpus=data["gpus"], cpu_threads=data["cpu_threads"], ram_gib=data["ram_gib"],
         vcpu_overcommit=data["vcpu_overcommit"], ram_overcommit=data["ram_overcommit"], size_mode=data["size_mode"],
         artists=() if from_measurements else tuple(formset.filled_rows()), from_measurements=from_measurements,
-        host_ids=tuple(data.get("hosts") or ()),
+        host_ids=tuple(data.get("hosts") or ()), measured_cpu_ram=data.get("measured_cpu_ram", False),
     )
 
 

@@ -94,6 +94,12 @@ class PlanRequestSerializer(serializers.Serializer):
         child=serializers.IntegerField(min_value=1), required=False, max_length=MAX_HOSTS,
         help_text="With from_measurements: only the VMs on these hosts",
     )
+    measured_cpu_ram = serializers.BooleanField(
+        default=False,
+        help_text="vCPUs and RAM from the fleet's measurements: per workflow, the 75th percentile of the "
+                  "right-sized vCPUs and RAM of its measured VMs instead of the preset's (rows' own values still "
+                  "win); with from_measurements, each VM's own right-sized vCPUs and RAM",
+    )
 
     def validate(self, attrs):
         rows = attrs.get("artists") or []
@@ -149,6 +155,7 @@ class PlanRequestSerializer(serializers.Serializer):
         return planning.PlanRequest(
             **data["server"], artists=tuple(data.get("artists") or ()),
             from_measurements=data["from_measurements"], host_ids=tuple(data.get("hosts", ())),
+            measured_cpu_ram=data["measured_cpu_ram"],
         )
 
 

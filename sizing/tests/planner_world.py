@@ -21,16 +21,18 @@ def guide_server(**overrides) -> dict:
 
 
 def suggest(vm: VirtualMachine, action: str, suggested: str | None = None, *, vgpus: int | None = None,
-            dismissed: bool = False, reason: str = "") -> Suggestion:
-    """A suggestion row as the hourly refresh would write it (the planner only reads them)."""
+            dismissed: bool = False, reason: str = "", **guest) -> Suggestion:
+    """A suggestion row as the hourly refresh would write it (the planner only reads them), in
+    place of the VM's; `guest`: its vCPU and RAM advice (cpu_action, suggested_vcpus, ...)."""
     current = vm.vgpus.first().profile
     key = f"key-{vm.pk}-{action}"
-    return Suggestion.objects.create(
-        vm=vm, current_profile=current, suggested_profile=profile(suggested) if suggested else None,
-        suggested_vgpus=vgpus, action=action, reason=reason, evidence={}, evidence_key=key,
-        dismissed_key=key if dismissed else "", window_start=NOW - timedelta(days=14), window_end=NOW,
-        computed_at=NOW,
-    )
+    suggestion, _ = Suggestion.objects.update_or_create(vm=vm, defaults={
+        "current_profile": current, "suggested_profile": profile(suggested) if suggested else None,
+        "suggested_vgpus": vgpus, "action": action, "reason": reason, "evidence": {}, "evidence_key": key,
+        "dismissed_key": key if dismissed else "", "window_start": NOW - timedelta(days=14), "window_end": NOW,
+        "computed_at": NOW, **guest,
+    })
+    return suggestion
 
 
 def measured_fleet() -> SimpleNamespace:

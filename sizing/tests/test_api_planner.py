@@ -8,9 +8,9 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-from fleet.tests.factories import gpu_model, profile
-from sizing.models import WorkflowPreset
-from sizing.tests.planner_world import GUIDE_WORKFLOWS, guide_server, measured_fleet, more_vms
+from fleet.tests.factories import ArtistFactory, gpu_model, profile
+from sizing.models import SuggestionAction, WorkflowPreset
+from sizing.tests.planner_world import GUIDE_WORKFLOWS, guide_server, measured_fleet, more_vms, suggest
 
 PLAN = "/api/v1/sizing/plan/"
 PRESETS = "/api/v1/workflow-presets/"
@@ -136,6 +136,52 @@ def test_from_measurements_plans_each_vm_with_its_suggested_or_current_profile(a
     assert sum(s["ram_gib_used"] for s in body["layout"]) == 232
     heavy = [v for s in body["layout"] for g in s["gpus"] for v in g["vgpus"] if v["artist"] == "ws-heavy"]
     assert [v["profile"] for v in heavy] == ["L40S-24Q", "L40S-24Q"]
+
+
+def test_vcpus_and_ram_from_measurements_replace_the_presets_by_workflow(admin_api, measured):
+    """Four animators measured through the hypervisors, right-sized to 4, 6, 6 and 12 vCPUs and
+    16, 24, 32 and 24 GiB: the animation row gets the 75th percentile (6 vCPUs, 24 GiB); the
+    modeling row, with nobody measured, keeps its preset; a row's own value still wins."""
+    animator = ArtistFactory(name="Ana", workflow="animation")
+    sizes = (("ws-down", "downsize", 4, "downsize", 16), ("ws-keep", "keep", None, "downsize", 24),
+             ("ws-heavy", "downsize", 6, "downsize", 32), ("ws-new", "upsize", 12, "keep", None))
+    for name, cpu_action, vcpus, ram_action, ram_gib in sizes:
+        vm = measured.vms[name]
+        vm.artist = animator
+        vm.vcpus = 6 if name == "ws-keep" else vm.vcpus
+        vm.ram_gib = 24 if name == "ws-new" else vm.ram_gib
+        vm.save()
+        suggest(vm, SuggestionAction.KEEP, cpu_action=cpu_action, suggested_vcpus=vcpus, ram_action=ram_action,
+                suggested_ram_gib=ram_gib)
+    body = {"server": guide_server(), "artists": [{"workflow": "animation", "count": 2},
+                                                  {"workflow": "modeling", "count": 1},
+                                                  {"workflow": "animation", "count": 1, "vcpus": 16}]}
+    preset = WorkflowPreset.objects.get(workflow="modeling")
+
+    measured_plan = plan(admin_api, {**body, "measured_cpu_ram": True})
+    presets_plan = plan(admin_api, body)
+
+    animation, modeling, own = measured_plan["demands"]
+    assert (animation["vcpus"], animation["ram_gib"]) == (6, 24)
+    assert "vCPUs and RAM measured on 4 VM(s) of the fleet" in animation["note"]
+    assert (modeling["vcpus"], modeling["ram_gib"]) == (preset.vcpus, preset.ram_gib)
+    assert (own["vcpus"], own["ram_gib"]) == (16, 24)
+    animation_preset = WorkflowPreset.objects.get(workflow="animation")
+    assert (presets_plan["demands"][0]["vcpus"], presets_plan["demands"][0]["ram_gib"]) == (
+        animation_preset.vcpus, animation_preset.ram_gib)
+
+
+def test_from_measurements_plans_each_vm_with_its_right_sized_vcpus_and_ram_when_asked(admin_api, measured):
+    suggest(measured.vms["ws-heavy"], SuggestionAction.UPSIZE, "RTX6000-24Q", vgpus=2, cpu_action="downsize",
+            suggested_vcpus=8, ram_action="downsize", suggested_ram_gib=48)
+    server = {"gpu_model": gpu_model("NVIDIA L40S").pk, "gpus": 2, "cpu_threads": 64, "ram_gib": 512}
+
+    as_is = plan(admin_api, {"server": server, "from_measurements": True})
+    right_sized = plan(admin_api, {"server": server, "from_measurements": True, "measured_cpu_ram": True})
+
+    assert sum(s["vcpus_used"] for s in as_is["layout"]) == 46
+    assert sum(s["vcpus_used"] for s in right_sized["layout"]) == 46 - 16 + 8
+    assert sum(s["ram_gib_used"] for s in right_sized["layout"]) == 232 - 96 + 48
 
 
 def test_from_measurements_can_be_limited_to_some_hosts(admin_api, measured):
