@@ -7,13 +7,15 @@ Role scoping is the caller's: views pick the object through `fleet.queries` (`ho
 
 Usage summaries read the VM rollups (`telemetry.models.VmRollup`), never raw samples: the
 frame buffer a VM used against what its profiles gave it, and how busy its vGPUs kept the GPU.
+A VM's guest CPU and memory (read through its host's hypervisor link) come from its newest
+`GuestSample` and its hourly `GuestRollup`s.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from django.db.models import (
     Count,
@@ -35,8 +37,8 @@ from fleet.models import Gpu, Vgpu, VirtualMachine
 from fleet.queries import with_gpu_usage
 from telemetry.aggregation import bucket_floor
 from telemetry.metrics import HOURLY, default_step
-from telemetry.models import Agent, Drift, VmRollup
-from telemetry.queries import latest_gpu_samples
+from telemetry.models import Agent, Drift, GuestRollup, VmRollup
+from telemetry.queries import latest_gpu_samples, latest_guest_samples
 
 MIB_PER_GIB = 1024
 
@@ -210,3 +212,108 @@ def vm_usage(vm_ids, start: datetime, end: datetime, step_s: int | None = None) 
         mean_util = util_weighted / util_samples if util_samples else None
         usage[vm_id] = Usage(mean_util_gpu=mean_util, profile_fb_mib=row.pop("profile_mib"), **row)
     return usage
+
+
+# VM guest (CPU and memory through the hypervisor link) ---------------------------------------
+
+#: The windows the guest card sums up: (key, label, length), from the hourly guest rollups.
+GUEST_WINDOWS = (("day", "Last 24 h", timedelta(hours=24)), ("week", "Last 7 days", timedelta(days=7)))
+#: The rollup figures of each window: (key, label, unit); p95 and max of each.
+GUEST_FIGURES = (("vcpu_util", "All vCPUs", "%"), ("vcpu_max_util", "Busiest vCPU", "%"),
+                 ("ram_used_mib", "RAM used", "GiB"))
+
+
+@dataclass(frozen=True)
+class GuestWindow:
+    """One window of the guest card: its hourly buckets, and per figure (p95, max), None where
+    the guest reported nothing (a guest without the balloon driver has no memory figure)."""
+
+    key: str
+    label: str
+    buckets: int
+    figures: dict[str, tuple[float | None, float | None]]
+
+
+@dataclass(frozen=True)
+class GuestRow:
+    """One line of the card's table: a figure's (p95, max) in each window, in `unit`."""
+
+    key: str
+    label: str
+    unit: str
+    cells: list[tuple[float | None, float | None]]
+
+    @property
+    def texts(self) -> list[str]:
+        """Each window's cell as the page shows it: "12% / 40%", "5.9 / 6.3 GiB", "not reported"."""
+        return [_p95_max(p95, peak, self.unit) for p95, peak in self.cells]
+
+
+def _p95_max(p95: float | None, peak: float | None, unit: str) -> str:
+    if peak is None:
+        return "not reported"
+    if unit == "%":
+        return f"{p95:.0f}% / {peak:.0f}%" if p95 is not None else f"max {peak:.0f}%"
+    return f"{p95:.1f} / {peak:.1f} {unit}" if p95 is not None else f"max {peak:.1f} {unit}"
+
+
+@dataclass(frozen=True)
+class Guest:
+    """What a VM page shows of its guest: the newest reading (None: none yet), and the windows."""
+
+    latest: dict | None
+    stale: bool
+    windows: list[GuestWindow]
+
+    @property
+    def ram_used_pct(self) -> float | None:
+        return percent((self.latest or {}).get("ram_used_mib"), (self.latest or {}).get("ram_mib"))
+
+    @property
+    def ram_used_gib(self) -> float | None:
+        return gib((self.latest or {}).get("ram_used_mib"))
+
+    @property
+    def ram_gib(self) -> float | None:
+        return gib((self.latest or {}).get("ram_mib"))
+
+    @property
+    def rows(self) -> list[GuestRow]:
+        rows = []
+        for key, label, unit in GUEST_FIGURES:
+            cells = [window.figures[key] for window in self.windows]
+            if unit == "GiB":
+                cells = [(gib(p95), gib(peak)) for p95, peak in cells]
+            rows.append(GuestRow(key, label, unit, cells))
+        return rows
+
+    @property
+    def has_history(self) -> bool:
+        return any(window.buckets for window in self.windows)
+
+
+def vm_guest(vm_id: int, now: datetime, stale_after_s: float) -> Guest:
+    """The guest card of one VM: its newest guest reading (stale when older than
+    `stale_after_s`) and the p95 and max of its vCPU share, busiest vCPU and memory used over
+    each of GUEST_WINDOWS up to `now`. p95 is the highest hourly p95 (an upper bound, as the
+    metrics API merges buckets); max is exact. Two queries."""
+    latest = latest_guest_samples(vm_ids=[vm_id]).get(vm_id)
+    starts = {key: bucket_floor(now - length, HOURLY) for key, _, length in GUEST_WINDOWS}
+    aggregates = {}
+    for key, _, _ in GUEST_WINDOWS:
+        within = Q(bucket__gte=starts[key])
+        aggregates[f"{key}__buckets"] = Count("pk", filter=within)
+        for figure, _, _ in GUEST_FIGURES:
+            aggregates[f"{key}__{figure}_p95"] = Max(f"{figure}_p95", filter=within)
+            aggregates[f"{key}__{figure}_max"] = Max(f"{figure}_max", filter=within)
+    row = GuestRollup.objects.filter(
+        vm_id=vm_id, step_s=HOURLY, bucket__gte=min(starts.values()), bucket__lt=now,
+    ).aggregate(**aggregates)
+    windows = [
+        GuestWindow(key, label, row[f"{key}__buckets"], {
+            figure: (row[f"{key}__{figure}_p95"], row[f"{key}__{figure}_max"]) for figure, _, _ in GUEST_FIGURES
+        })
+        for key, label, _ in GUEST_WINDOWS
+    ]
+    stale = latest is not None and (now - latest["ts"]).total_seconds() > stale_after_s
+    return Guest(latest, stale, windows)

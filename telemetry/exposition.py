@@ -1,10 +1,12 @@
 """Prometheus exposition at /metrics: the fleet's newest readings and capacity as gauges.
 
 So a studio's existing Prometheus and Grafana can chart and alert on the fleet without
-talking to the agents. One scrape costs a fixed number of queries (nine) whatever the fleet's
-size. Values come from the newest sample of each GPU and vGPU, if it is no older than
-TELEMETRY_STALE_AFTER_S; a stale or missing reading, or a metric the GPU does not report, is
-left out (no series) rather than shown as 0, so `absent()` alerts and gaps work as expected.
+talking to the agents. One scrape costs a fixed number of queries (eleven) whatever the fleet's
+size. Values come from the newest sample of each GPU and vGPU, and the newest guest reading of
+each VM (its CPU and memory read through the hypervisor link), if it is no older than
+TELEMETRY_STALE_AFTER_S; a stale or missing reading, or a metric the GPU or guest does not report
+(a guest without the balloon driver reports no memory use), is left out (no series) rather than
+shown as 0, so `absent()` alerts and gaps work as expected.
 
 Health (issue 19) comes from the state rows ingest keeps (`GpuHealthState`, `VgpuHealthState`,
 `HostDriverState`, `XidError`), for the GPUs whose newest sample is fresh (a GPU no longer
@@ -41,13 +43,14 @@ from prometheus_client.registry import Collector
 from config.roles import is_fleet_admin
 from fleet import api_tokens, token_rules
 from fleet.choices import GpuMode
-from fleet.models import Gpu, Vgpu
+from fleet.models import Gpu, Vgpu, VirtualMachine
 from telemetry.models import Agent, AgentStatus, GpuHealthState, HostDriverState, VgpuHealthState
-from telemetry.queries import latest_gpu_samples, latest_vgpu_samples, latest_xid_codes
+from telemetry.queries import latest_gpu_samples, latest_guest_samples, latest_vgpu_samples, latest_xid_codes
 
 PREFIX = "vgpu_fleet"
 GPU_LABELS = ["host", "gpu_uuid", "pci_bus_id", "gpu_model"]
 VGPU_LABELS = ["host", "gpu_uuid", "vm", "artist", "profile"]
+VM_LABELS = ["host", "vm", "artist"]
 
 #: (sample field, metric name, help) of the per-GPU gauges.
 GPU_GAUGES = (
@@ -68,6 +71,16 @@ VGPU_GAUGES = (
     ("util_mem", "vgpu_memory_utilization_percent", "Memory controller utilization of the vGPU, % of the GPU"),
     ("enc_util", "vgpu_encoder_utilization_percent", "Encoder utilization of the vGPU, % of the GPU"),
     ("dec_util", "vgpu_decoder_utilization_percent", "Decoder utilization of the vGPU, % of the GPU"),
+)
+#: (guest sample field, metric name, help) of the per-VM gauges of its guest, read through the
+#: hypervisor link (no agent in the guest).
+GUEST_GAUGES = (
+    ("vcpu_util", "vm_vcpu_utilization_percent", "Share of all the VM's vCPUs the guest kept busy, %"),
+    ("vcpu_max_util", "vm_vcpu_max_utilization_percent", "Share of the VM's busiest vCPU the guest kept busy, %"),
+    ("cpu_steal_pct", "vm_cpu_steal_percent", "Time the VM's vCPUs waited for a host CPU (steal), %"),
+    ("ram_used_mib", "vm_ram_used_mib", "Memory the guest uses (its balloon driver's figure), MiB"),
+    ("ram_mib", "vm_ram_mib", "Memory allocated to the VM, MiB"),
+    ("vcpus", "vm_vcpus", "vCPUs of the VM"),
 )
 #: (GpuHealthState field, metric name, help) of the per-GPU health gauges; a name starting with
 #: DCGM_ is dcgm-exporter's, the others take PREFIX.
@@ -124,7 +137,7 @@ def _number(field: str, value) -> float | None:
 
 
 class FleetCollector(Collector):
-    """Yields the fleet's gauges from the database at collection time (five queries)."""
+    """Yields the fleet's gauges from the database at collection time (eleven queries)."""
 
     def __init__(self, now: datetime | None = None):
         self.now = now
@@ -142,6 +155,7 @@ class FleetCollector(Collector):
         yield from self._vgpu_health_gauges(fresh, vgpus)
         yield from self._driver_gauges(fresh)
         yield from self._capacity_gauges(gpus, vgpus)
+        yield from self._guest_gauges(latest_guest_samples(since=since))
         yield from self._agent_gauges(now)
 
     def _gpu_gauges(self, gpus: dict[int, Gpu], samples: dict[int, dict], now: datetime):
@@ -229,6 +243,21 @@ class FleetCollector(Collector):
                     family.add_metric(labels, sample[field])
         yield from (family for _, family in families)
         yield profile_fb
+
+    def _guest_gauges(self, samples: dict[int, dict]):
+        """Each VM's newest fresh guest reading, labelled with its host (where the inventory
+        places it now; empty when unplaced), name and artist."""
+        families = [(field, _gauge(name, doc, VM_LABELS)) for field, name, doc in GUEST_GAUGES]
+        # Every VM, as the GPUs and vGPUs are read: one query whether or not any reading is fresh.
+        for vm in VirtualMachine.objects.select_related("host", "artist").order_by("name"):
+            sample = samples.get(vm.pk)
+            if sample is None:
+                continue
+            labels = [vm.host.name if vm.host else "", vm.name, vm.artist.name if vm.artist else ""]
+            for field, family in families:
+                if sample[field] is not None:
+                    family.add_metric(labels, sample[field])
+        yield from (family for _, family in families)
 
     def _capacity_gauges(self, gpus: dict[int, Gpu], vgpus: list[Vgpu]):
         count = _gauge("gpus", "Physical GPUs in the inventory", ["gpu_model", "mode"])

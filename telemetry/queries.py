@@ -1,10 +1,10 @@
 """Reusable reads of telemetry, shared by the REST API and the Prometheus exposition.
 
 "Newest sample of each of many entities" is one query whatever their number: the outer rows
-(GPUs, or current vGPUs) each pick their newest sample id by a correlated `ORDER BY ts DESC
-LIMIT 1` subquery, which the unique (entity, ts) index answers with one backward index step
-per entity on SQLite and PostgreSQL alike. (PostgreSQL's DISTINCT ON would read every sample
-of those entities first; a window function would too.)
+(GPUs, current vGPUs, or VMs for their guest readings) each pick their newest sample id by a
+correlated `ORDER BY ts DESC LIMIT 1` subquery, which the unique (entity, ts) index answers
+with one backward index step per entity on SQLite and PostgreSQL alike. (PostgreSQL's
+DISTINCT ON would read every sample of those entities first; a window function would too.)
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from telemetry.models import (
     AgentStatus,
     GpuHealthState,
     GpuSample,
+    GuestSample,
     HostDriverState,
     VgpuSample,
     VmRollup,
@@ -30,21 +31,28 @@ from telemetry.models import (
 GPU_SAMPLE_FIELDS = ("ts", "util_gpu", "util_mem", "fb_used_mib", "fb_total_mib", "enc_util", "dec_util",
                      "temp_c", "power_w", "sm_clock_mhz", "clocks_event_reasons")
 VGPU_SAMPLE_FIELDS = ("ts", "fb_used_mib", "util_gpu", "util_mem", "enc_util", "dec_util")
+GUEST_SAMPLE_FIELDS = ("ts", "vcpus", "ram_mib", "vcpu_util", "vcpu_max_util", "cpu_steal_pct", "ram_used_mib")
+
+
+def _newest_samples(entities, samples, key: str, since: datetime | None, fields: tuple[str, ...]) -> dict[int, dict]:
+    """The newest row of `samples` (a sample model whose `key` points at an entity) of each of
+    `entities` (a queryset), at or after `since`, as {entity id: {field: value}}. One query."""
+    newest = samples.objects.filter(**{key: OuterRef("pk")})
+    if since is not None:
+        newest = newest.filter(ts__gte=since)
+    latest_ids = entities.order_by().annotate(
+        sample_id=Subquery(newest.order_by("-ts").values("pk")[:1]),
+    ).values("sample_id")
+    rows = samples.objects.filter(pk__in=latest_ids).order_by().values(key, *fields)
+    return {row.pop(key): row for row in rows}
 
 
 def latest_gpu_samples(gpu_ids: Iterable[int] | None = None, since: datetime | None = None) -> dict[int, dict]:
     """The newest sample of each GPU in `gpu_ids` (every GPU when None), as {gpu_id: {field:
     value}} with GPU_SAMPLE_FIELDS; GPUs without a sample (or none at or after `since`) are
     absent. One query."""
-    newest = GpuSample.objects.filter(gpu_id=OuterRef("pk"))
-    if since is not None:
-        newest = newest.filter(ts__gte=since)
-    gpus = Gpu.objects.order_by()
-    if gpu_ids is not None:
-        gpus = gpus.filter(pk__in=list(gpu_ids))
-    latest_ids = gpus.annotate(sample_id=Subquery(newest.order_by("-ts").values("pk")[:1])).values("sample_id")
-    rows = GpuSample.objects.filter(pk__in=latest_ids).order_by().values("gpu_id", *GPU_SAMPLE_FIELDS)
-    return {row.pop("gpu_id"): row for row in rows}
+    gpus = Gpu.objects.all() if gpu_ids is None else Gpu.objects.filter(pk__in=list(gpu_ids))
+    return _newest_samples(gpus, GpuSample, "gpu_id", since, GPU_SAMPLE_FIELDS)
 
 
 def latest_vgpu_samples(since: datetime | None = None) -> dict[tuple[int, int], dict]:
@@ -61,6 +69,15 @@ def latest_vgpu_samples(since: datetime | None = None) -> dict[tuple[int, int], 
     ).values("sample_id")
     rows = VgpuSample.objects.filter(pk__in=latest_ids).order_by().values("vm_id", "gpu_id", *VGPU_SAMPLE_FIELDS)
     return {(row.pop("vm_id"), row.pop("gpu_id")): row for row in rows}
+
+
+def latest_guest_samples(vm_ids: Iterable[int] | None = None, since: datetime | None = None) -> dict[int, dict]:
+    """The newest guest reading (CPU and memory through the hypervisor link) of each VM in
+    `vm_ids` (every VM when None), as {vm_id: {field: value}} with GUEST_SAMPLE_FIELDS; VMs
+    without a reading at or after `since` are absent. A figure the guest does not report is
+    None, never 0. One query."""
+    vms = VirtualMachine.objects.all() if vm_ids is None else VirtualMachine.objects.filter(pk__in=list(vm_ids))
+    return _newest_samples(vms, GuestSample, "vm_id", since, GUEST_SAMPLE_FIELDS)
 
 
 # The fleet overview's reads -----------------------------------------------------------------

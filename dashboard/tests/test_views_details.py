@@ -17,9 +17,10 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from fleet import services
+from fleet.models import Host
 from fleet.tests.factories import ArtistFactory, GpuFactory, HostFactory, VirtualMachineFactory, gpu_model, profile
 from telemetry.aggregation import bucket_floor
-from telemetry.models import Agent, Drift, GpuSample, VgpuSample, VmRollup
+from telemetry.models import Agent, Drift, GpuSample, GuestRollup, GuestSample, VgpuSample, VmRollup
 
 L40S = "NVIDIA L40S"
 L40S_FB_MIB = 49152  # 48 GiB, the catalog's L40S
@@ -272,6 +273,104 @@ def test_vm_without_vgpu_and_without_data_says_so(staff_client):
     assert fb_chart["data-empty-hint"] == "This VM is not placed on a host, so nothing reports its vGPUs."
 
 
+# A VM's guest (CPU and memory through the hypervisor link) ---------------------------------
+
+
+def guest_rollup(vm, bucket: datetime, *, cpu: tuple, busiest: tuple, ram: tuple | None) -> GuestRollup:
+    """An hourly guest rollup; `cpu`, `busiest` and `ram` (MiB) are (p95, max); `ram` None: not reported."""
+    ram_p95, ram_max = ram or (None, None)
+    return GuestRollup.objects.create(
+        vm=vm, step_s=3600, bucket=bucket, samples=60, vcpus=16, ram_mib=65536,
+        vcpu_util_avg=cpu[0] / 2, vcpu_util_p95=cpu[0], vcpu_util_max=cpu[1],
+        vcpu_max_util_avg=busiest[0] / 2, vcpu_max_util_p95=busiest[0], vcpu_max_util_max=busiest[1],
+        cpu_steal_pct_avg=0.5, cpu_steal_pct_max=2.0,
+        ram_used_mib_avg=None if ram is None else ram_p95 / 2, ram_used_mib_p95=ram_p95, ram_used_mib_max=ram_max,
+    )
+
+
+def guest_figures(body: str) -> dict[str, str]:
+    """The guest card's figures by their data-guest name, as text."""
+    card = body[body.index('data-section="guest"'):]
+    card = card[:card.index("</section>")]
+    return {name: " ".join(re.sub(r"<[^>]+>", "", text).split())
+            for name, text in re.findall(r'data-guest="([\w-]+)"[^>]*>(.*?)</(?:div|p)>', card, re.S)}
+
+
+def guest_table(body: str) -> dict[str, list[str]]:
+    """The guest card's table: {figure key: [cell per window]}."""
+    rows = re.findall(r'<tr data-guest-row="(\w+)">(.*?)</tr>', body, re.S)
+    return {key: [c.strip() for c in re.findall(r"<td[^>]*>(.*?)</td>", cells, re.S)] for key, cells in rows}
+
+
+def test_vm_page_shows_its_guests_newest_reading_and_its_day_and_week(staff_client, world):
+    """ws-ana: 16 vCPUs, 64 GiB. An animation-like guest: one vCPU near saturated, a low average."""
+    now = timezone.now()
+    GuestSample.objects.create(vm=world.vm_ana, ts=now - timedelta(minutes=5), vcpus=16, ram_mib=65536,
+                               vcpu_util=40.0, vcpu_max_util=40.0, cpu_steal_pct=0.1, ram_used_mib=1024)
+    GuestSample.objects.create(vm=world.vm_ana, ts=now - timedelta(seconds=20), vcpus=16, ram_mib=65536,
+                               vcpu_util=8.4, vcpu_max_util=96.2, cpu_steal_pct=1.25, ram_used_mib=12288)
+    guest_rollup(world.vm_ana, bucket_floor(now - timedelta(hours=3), 3600), cpu=(9.0, 14.0), busiest=(95.0, 99.0),
+                 ram=(12000.0, 14336.0))
+    guest_rollup(world.vm_ana, bucket_floor(now - timedelta(days=3), 3600), cpu=(30.0, 55.0), busiest=(97.0, 100.0),
+                 ram=(30720.0, 40960.0))
+    guest_rollup(world.vm_ana, bucket_floor(now - timedelta(days=9), 3600), cpu=(90.0, 100.0),
+                 busiest=(100.0, 100.0), ram=(60000.0, 65536.0))  # older than a week: not counted
+
+    body = page(staff_client, f"/vms/{world.vm_ana.pk}/")
+
+    assert "CPU and memory (from the hypervisor)" in body
+    figures = guest_figures(body)
+    assert figures["vcpu-util"] == "8%"
+    assert figures["vcpu-max-util"] == "96%"
+    assert figures["steal"] == "steal 1.3%"
+    assert figures["ram-used-pct"] == "19%"
+    assert figures["ram-used"] == "12.0 of 64 GiB"
+    assert "stale" not in figures["read-at"]
+    assert guest_table(body) == {
+        "vcpu_util": ["9% / 14%", "30% / 55%"],
+        "vcpu_max_util": ["95% / 99%", "97% / 100%"],
+        "ram_used_mib": ["11.7 / 14.0 GiB", "30.0 / 40.0 GiB"],
+    }
+
+
+def test_a_guest_without_the_balloon_driver_shows_memory_not_reported(staff_client, world):
+    now = timezone.now()
+    GuestSample.objects.create(vm=world.vm_ana, ts=now - timedelta(seconds=20), vcpus=16, ram_mib=65536,
+                               vcpu_util=20.0, vcpu_max_util=50.0, cpu_steal_pct=None, ram_used_mib=None)
+    guest_rollup(world.vm_ana, bucket_floor(now - timedelta(hours=2), 3600), cpu=(20.0, 30.0), busiest=(50.0, 60.0),
+                 ram=None)
+
+    body = page(staff_client, f"/vms/{world.vm_ana.pk}/")
+
+    figures = guest_figures(body)
+    assert figures["vcpu-util"] == "20%"
+    assert figures["ram-used-pct"] == "not reported"
+    assert figures["ram-used"] == "of 64 GiB: the guest has no balloon driver"
+    assert figures["steal"] == "steal not reported"
+    assert guest_table(body)["ram_used_mib"] == ["not reported", "not reported"]
+    assert "0.0 of 64 GiB" not in body
+
+
+def test_a_stale_guest_reading_says_so(staff_client, world):
+    GuestSample.objects.create(vm=world.vm_ana, ts=timezone.now() - timedelta(hours=2), vcpus=16, ram_mib=65536,
+                               vcpu_util=5.0, vcpu_max_util=9.0, cpu_steal_pct=0.2, ram_used_mib=4096)
+
+    figures = guest_figures(page(staff_client, f"/vms/{world.vm_ana.pk}/"))
+
+    assert "stale" in figures["read-at"]
+    assert figures["vcpu-util"] == "5%"
+
+
+def test_a_vm_without_guest_readings_says_why(staff_client, world):
+    body = page(staff_client, f"/vms/{world.vm_ana.pk}/")
+    assert guest_figures(body)["none"] == "No reading yet: the host is not linked to a hypervisor."
+    assert 'data-table="guest"' not in body
+
+    Host.objects.filter(pk=world.host.pk).update(hypervisor_uri="sim://render-01")
+    body = page(staff_client, f"/vms/{world.vm_ana.pk}/")
+    assert guest_figures(body)["none"] == "No reading yet."
+
+
 # Artist ------------------------------------------------------------------------------------
 
 
@@ -388,7 +487,14 @@ def test_a_bad_range_is_a_400_page_with_the_message(staff_client, world, query, 
 
 
 def test_artist_sees_their_own_vm_without_fleet_links(artist_client, world):
+    GuestSample.objects.create(vm=world.vm_ana, ts=timezone.now() - timedelta(seconds=20), vcpus=16, ram_mib=65536,
+                               vcpu_util=8.0, vcpu_max_util=90.0, cpu_steal_pct=0.5, ram_used_mib=8192)
+    GuestSample.objects.create(vm=world.vm_bob, ts=timezone.now() - timedelta(seconds=20), vcpus=8, ram_mib=32768,
+                               vcpu_util=77.0, vcpu_max_util=99.0, cpu_steal_pct=0.5, ram_used_mib=30000)
     body = page(artist_client, f"/vms/{world.vm_ana.pk}/")
+
+    assert guest_figures(body)["vcpu-util"] == "8%"  # her guest's CPU and memory
+    assert "77%" not in body
 
     assert '<a href="/me/">My workstation</a> / ws-ana' in body
     assert 'data-fact="host">render-01<' in body
@@ -542,7 +648,8 @@ def test_vm_page_query_count_does_not_grow_with_vgpus(staff_client, django_asser
     small, big = multi_vgpu_vm(1, "small"), multi_vgpu_vm(4, "big")
 
     assert count_queries(staff_client, f"/vms/{small.pk}/") == count_queries(staff_client, f"/vms/{big.pk}/")
-    with django_assert_num_queries(9):  # session, user, VM, vGPUs, usage, agents, operation, history, badges
+    # session, user, VM, vGPUs, usage, guest's newest reading, guest's rollups, agents, operation, history, badges
+    with django_assert_num_queries(11):
         body = page(staff_client, f"/vms/{big.pk}/")
     assert len(re.findall(r"<tr data-vgpu=", body)) == 4
 

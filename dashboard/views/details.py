@@ -14,6 +14,7 @@ import json
 from dataclasses import dataclass, field
 from urllib.parse import urlencode
 
+from django.conf import settings
 from django.contrib.auth.decorators import login_required
 from django.db.models import Q
 from django.shortcuts import get_object_or_404, render
@@ -33,6 +34,7 @@ from dashboard.details import (
     host_gpus,
     percent,
     resident_vgpus,
+    vm_guest,
     vm_usage,
     vms_with_vgpus,
 )
@@ -378,6 +380,7 @@ class VgpuFact:
 @login_required
 def vm_detail(request, pk):
     """A VM: identity, artist, host, each vGPU against its profile, a usage summary over the range,
+    its guest's CPU and memory (newest reading, last day and week, through the hypervisor link),
     its right-sizing suggestion and its frame buffer and utilization charts. Artists reach their
     own VMs only (else 404)."""
     staff = is_fleet_admin(request.user)
@@ -395,6 +398,8 @@ def vm_detail(request, pk):
         "vm": vm, "vgpus": [VgpuFact(v, percent(v.profile.fb_mib, v.gpu.gpu_model.fb_mib)) for v in vgpus],
         "profile_fb_mib": profile_fb_mib, "profile_fb_gib": gib(profile_fb_mib), "usage": usage,
         "summary": usage_sentences(usage, profile_fb_mib, time_range),
+        "guest": vm_guest(vm.pk, timezone.now(), settings.TELEMETRY_STALE_AFTER_S),
+        "hypervisor_linked": bool(vm.host and vm.host.hypervisor_uri),
         "charts": vm_charts(vm, profile_fb_mib, time_range, hint), "hint": hint, "staff": staff,
         "notices": agent_notices(agents, staff),
         "operation": active_operation_of(vm.pk),

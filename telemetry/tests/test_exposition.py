@@ -13,8 +13,16 @@ from django.utils import timezone
 from prometheus_client.parser import text_string_to_metric_families
 
 from fleet.api_tokens import issue_token, revoke_token
-from fleet.tests.factories import GpuFactory, HostFactory, UserFactory
-from telemetry.models import Agent, AgentKind, GpuHealthState, HostDriverState, VgpuHealthState, XidError
+from fleet.tests.factories import GpuFactory, HostFactory, UserFactory, VirtualMachineFactory
+from telemetry.models import (
+    Agent,
+    AgentKind,
+    GpuHealthState,
+    GuestSample,
+    HostDriverState,
+    VgpuHealthState,
+    XidError,
+)
 from telemetry.tests.rollup_world import gpu_samples, studio, vgpu_samples
 
 SCRAPE_TOKEN = "s3cret-scrape-token"
@@ -145,11 +153,58 @@ def test_agent_gauges(world):
     }
 
 
+VM_GAUGES = ("vgpu_fleet_vm_vcpu_utilization_percent", "vgpu_fleet_vm_vcpu_max_utilization_percent",
+             "vgpu_fleet_vm_cpu_steal_percent", "vgpu_fleet_vm_ram_used_mib", "vgpu_fleet_vm_ram_mib",
+             "vgpu_fleet_vm_vcpus")
+
+
+def guest_sample(vm, age_s: float, **fields) -> GuestSample:
+    """A guest reading of `vm` taken `age_s` seconds ago: 8 vCPUs and 32 GiB unless `fields` say otherwise."""
+    values = {"vcpus": 8, "ram_mib": 32768, "vcpu_util": 12.5, "vcpu_max_util": 96.0, "cpu_steal_pct": 0.8,
+              "ram_used_mib": 6144, **fields}
+    return GuestSample.objects.create(vm=vm, ts=timezone.now() - timedelta(seconds=age_s), **values)
+
+
+def test_guest_gauges_carry_host_vm_and_artist_and_the_newest_reading(world):
+    guest_sample(world.vm_ana, 40, vcpu_util=50.0)  # older: not shown
+    guest_sample(world.vm_ana, 10)
+
+    metrics = scrape()
+
+    ana = {"host": "render-01", "vm": "ws-ana", "artist": "Ana"}
+    assert metrics["vgpu_fleet_vm_vcpu_utilization_percent"] == [(ana, 12.5)]
+    assert metrics["vgpu_fleet_vm_vcpu_max_utilization_percent"] == [(ana, 96.0)]
+    assert metrics["vgpu_fleet_vm_cpu_steal_percent"] == [(ana, 0.8)]
+    assert metrics["vgpu_fleet_vm_ram_used_mib"] == [(ana, 6144.0)]
+    assert metrics["vgpu_fleet_vm_ram_mib"] == [(ana, 32768.0)]
+    assert metrics["vgpu_fleet_vm_vcpus"] == [(ana, 8.0)]
+
+
+def test_guest_figures_not_reported_or_stale_have_no_series(world, settings):
+    settings.TELEMETRY_STALE_AFTER_S = 60
+    spare = VirtualMachineFactory(name="ws-spare", artist=None)  # no vGPU, so not placed on a host
+    # Its guest has no balloon driver and its vCPU counters went back: no memory or CPU figure.
+    guest_sample(spare, 5, vcpu_util=None, vcpu_max_util=None, cpu_steal_pct=None, ram_used_mib=None)
+    guest_sample(world.vm_bob, 5 * 60, vcpu_util=70.0)  # stale
+
+    metrics = scrape()
+
+    for name in ("vgpu_fleet_vm_vcpu_utilization_percent", "vgpu_fleet_vm_vcpu_max_utilization_percent",
+                 "vgpu_fleet_vm_cpu_steal_percent", "vgpu_fleet_vm_ram_used_mib"):
+        assert metrics[name] == [], name
+    spare_labels = {"host": "", "vm": "ws-spare", "artist": ""}
+    assert metrics["vgpu_fleet_vm_ram_mib"] == [(spare_labels, 32768.0)]
+    assert metrics["vgpu_fleet_vm_vcpus"] == [(spare_labels, 8.0)]
+    assert "ws-bob" not in {labels["vm"] for name in VM_GAUGES for labels, _ in metrics[name]}
+
+
 def fleet_of(gpus: int) -> None:
+    """`gpus` GPUs with a fresh sample, and as many VMs with a fresh guest reading."""
     host = HostFactory()
     now = timezone.now()
     for _ in range(gpus):
         gpu_samples(GpuFactory(host=host), now - timedelta(seconds=5), 1, util_gpu=50.0)
+        guest_sample(VirtualMachineFactory(host=host), 5)
 
 
 def test_scrape_costs_the_same_queries_for_2_and_20_gpus(db):
@@ -162,7 +217,11 @@ def test_scrape_costs_the_same_queries_for_2_and_20_gpus(db):
 
     assert len(small_metrics["vgpu_fleet_gpu_utilization_percent"]) == 2
     assert len(large_metrics["vgpu_fleet_gpu_utilization_percent"]) == 20
-    assert len(large) == len(small) <= 10
+    assert len(small_metrics["vgpu_fleet_vm_vcpu_utilization_percent"]) == 2
+    assert len(large_metrics["vgpu_fleet_vm_vcpu_utilization_percent"]) == 20
+    # GPUs, their samples, health states, XIDs, vGPUs, their samples, vGPU health, drivers, guest
+    # readings, VMs, agents: the module docstring's eleven.
+    assert len(large) == len(small) == 11
 
 
 # Health (issue 19) ------------------------------------------------------------------------------
@@ -247,6 +306,8 @@ def test_vgpu_licence_and_host_driver(world):
 
 def test_the_exposition_with_health_passes_promtool(world):
     _health_world(world)
+    guest_sample(world.vm_ana, 5)
+    guest_sample(world.vm_bob, 5, ram_used_mib=None)
     response = Client().get("/metrics", **SCRAPER)
 
     checked = subprocess.run(["promtool", "check", "metrics"], input=response.content, capture_output=True,

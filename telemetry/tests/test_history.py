@@ -6,10 +6,12 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 from django.core.management import CommandError, call_command
+from django.db.models import Max
 
 from fleet import demo as fleet_demo
+from fleet.models import VirtualMachine
 from telemetry import history
-from telemetry.models import GpuRollup, GpuSample, VgpuSample, VmRollup
+from telemetry.models import GpuRollup, GpuSample, GuestRollup, GuestSample, VgpuSample, VmRollup
 
 pytestmark = pytest.mark.django_db
 
@@ -47,6 +49,48 @@ def test_backfill_stores_the_sims_past_readings_and_builds_rollups_over_them(dem
     assert VmRollup.objects.filter(step_s=3600).exists()
     newest_5m = GpuRollup.objects.filter(step_s=300).order_by("-bucket").first().bucket
     assert newest_5m == datetime(2026, 3, 4, 11, 55, tzinfo=UTC)
+
+
+def guest_peaks(vm_name: str) -> dict:
+    """The highest hourly p95 and max of a demo VM's guest rollups."""
+    return GuestRollup.objects.filter(vm__name=vm_name, step_s=3600).aggregate(
+        cpu_p95=Max("vcpu_util_p95"), busiest_p95=Max("vcpu_max_util_p95"), cpu_max=Max("vcpu_util_max"),
+        ram_max=Max("ram_used_mib_max"), ram_p95=Max("ram_used_mib_p95"), buckets=Max("samples"),
+    )
+
+
+def test_backfill_gives_every_demo_vm_guest_cpu_and_memory_shaped_by_its_workflow(demo_agents):
+    """NOW is a Wednesday noon: the half day back-filled holds three working hours."""
+    from telemetry.models import Agent
+
+    agents = list(Agent.objects.select_related("host"))
+    result = history.backfill_history(agents, tiers=TIERS, now=NOW)
+
+    readings = len(history.moments(NOW, TIERS))
+    demo_vms = VirtualMachine.objects.filter(vgpus__isnull=False, host__in=[a.host for a in agents]).distinct()
+    assert result.guest_samples == readings * demo_vms.count()
+    assert set(GuestSample.objects.values_list("vm_id", flat=True).distinct()) == set(
+        demo_vms.values_list("pk", flat=True))
+    oldest = GuestSample.objects.order_by("ts").first().ts
+    assert oldest == GpuSample.objects.order_by("ts").first().ts  # the same span as the GPU history
+    assert GuestRollup.objects.filter(step_s=300).exists()
+    assert GuestRollup.objects.filter(step_s=3600).values("bucket").distinct().count() >= 11
+    # Animation: one vCPU near saturated, a low average over its 12 vCPUs.
+    animation = guest_peaks("poc-animation")
+    assert animation["busiest_p95"] >= 80
+    assert animation["cpu_p95"] <= 25
+    # Lighting: renders load every vCPU.
+    assert guest_peaks("poc-lighting")["cpu_max"] >= 80
+    # Modeling: about 6 of its 32 GiB.
+    modeling = guest_peaks("poc-modeling")
+    assert VirtualMachine.objects.get(name="poc-modeling").ram_gib == 32
+    assert 5 * 1024 <= modeling["ram_max"] <= 7 * 1024
+    assert modeling["cpu_p95"] <= 15
+    # The guest without the balloon driver reports no memory, never 0; its CPU is there.
+    assert not GuestSample.objects.filter(vm__name="poc-texturing", ram_used_mib__isnull=False).exists()
+    texturing = guest_peaks("poc-texturing")
+    assert texturing["ram_max"] is None
+    assert texturing["cpu_p95"] is not None
 
 
 def test_a_second_backfill_is_skipped_and_a_forced_one_duplicates_nothing(demo_agents):

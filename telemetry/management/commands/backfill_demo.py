@@ -12,7 +12,8 @@ from telemetry.models import Agent
 class Command(BaseCommand):
     help = (
         "Store what the demo's simulated agents would have reported over the past days (every 30 minutes for "
-        "--days, every 5 minutes for the last --recent-days) through the normal ingest, then build the rollups. "
+        "--days, every 5 minutes for the last --recent-days) through the normal ingest, and what the hypervisor "
+        "links would have read of the VMs' guests (CPU and memory) at the same instants, then build the rollups. "
         "Run after demo_agents. Does nothing when that history is already there (use --force to redo)."
     )
 
@@ -36,5 +37,6 @@ class Command(BaseCommand):
             return
         self.stdout.write(
             f"Back-filled {result.reports} readings of {result.agents} demo agents: {result.gpu_samples} GPU and "
-            f"{result.vgpu_samples} vGPU samples, {result.rollups} rollups in {result.seconds:.1f} s."
+            f"{result.vgpu_samples} vGPU samples, {result.guest_samples} guest samples (CPU and memory), "
+            f"{result.rollups} rollups in {result.seconds:.1f} s."
         )
