@@ -252,8 +252,12 @@ def test_vm_page_shows_vgpus_usage_summary_and_charts_against_the_profile(staff_
     assert "Peak frame buffer use was 9.1 of 12 GiB (76%)." in body
     assert "On average the vGPU kept its GPU 30% busy (highest 80%)." in body
 
-    fb_chart, util_chart = charts(body)
+    fb_chart, util_chart, cpu_chart, ram_chart = charts(body)
     assert urlsplit(fb_chart["data-series-url"]).path == f"/api/v1/vms/{world.vm_ana.pk}/metrics/"
+    # The guest's CPU and memory, read through the hypervisor, beside the GPU's.
+    assert parse_qs(urlsplit(cpu_chart["data-series-url"]).query)["metric"] == ["vcpu_util,vcpu_max_util,ram_used_mib"]
+    assert '"metric": "vcpu_max_util"' in cpu_chart["data-lines"]
+    assert ram_chart["data-limit-label"] == f"RAM: {world.vm_ana.ram_gib} GiB"
     assert fb_chart["data-limit"] == "12.000"
     assert fb_chart["data-limit-label"] == "Profile: 12 GiB (L40S-12Q)"
     assert '"stat": "p95"' in fb_chart["data-lines"]
@@ -526,7 +530,8 @@ def test_artist_pages_chart_their_vgpu_and_show_nothing_of_the_gpu_they_share(ar
             assert urlsplit(chart["data-series-url"]).path == own_series
             series = artist_client.get(chart["data-series-url"])
             assert series.status_code == 200
-            assert any(v is not None for v in series.json()["series"]["fb_used_mib"]["max"])
+            if "fb_used_mib" in series.json()["series"]:
+                assert any(v is not None for v in series.json()["series"]["fb_used_mib"]["max"])
     assert charts(page(artist_client, f"/vms/{world.vm_ana.pk}/")), "her VM page charts her vGPU"
     # The series behind the admin's charts stays closed to her.
     assert artist_client.get(charts(gpu_page)[0]["data-series-url"]).status_code == 403

@@ -147,8 +147,10 @@ def series_url(name: str, pk: int, time_range: TimeRange, metrics: tuple[str, ..
 
 
 def vm_charts(vm, profile_fb_mib: int, time_range: TimeRange, hint: Hint) -> list[Chart]:
-    """Frame buffer used against the VM's profiles, and utilization."""
+    """Frame buffer used against the VM's profiles, and utilization; then the guest's CPU (all
+    its vCPUs and the busiest one) and memory against its RAM, read through the hypervisor."""
     url = series_url("vm-metrics", vm.pk, time_range, ("fb_used_mib", "util_gpu"))
+    guest = series_url("vm-metrics", vm.pk, time_range, ("vcpu_util", "vcpu_max_util", "ram_used_mib"))
     profiles = ", ".join(vgpu.profile.name for vgpu in vm.vgpus.all())
     return [
         Chart(f"vm-{vm.pk}-fb", "Frame buffer used", [url],
@@ -158,6 +160,12 @@ def vm_charts(vm, profile_fb_mib: int, time_range: TimeRange, hint: Hint) -> lis
               limit_label=f"Profile: {fmt_gib(profile_fb_mib)} GiB ({profiles})" if profile_fb_mib else ""),
         Chart(f"vm-{vm.pk}-util", "GPU utilization (share of the physical GPU)", [url],
               [line("util_gpu", "avg", "Average"), line("util_gpu", "p95", "p95")], "%", hint, ymax=100),
+        Chart(f"vm-{vm.pk}-cpu", f"Guest CPU ({vm.vcpus} vCPUs, from the hypervisor)", [guest],
+              [line("vcpu_util", "avg", "All vCPUs, average"), line("vcpu_util", "p95", "All vCPUs, p95"),
+               line("vcpu_max_util", "p95", "Busiest vCPU, p95")], "%", hint, ymax=100),
+        Chart(f"vm-{vm.pk}-ram", "Guest memory used (from the hypervisor)", [guest],
+              [line("ram_used_mib", "avg", "Average"), line("ram_used_mib", "max", "Peak")], "GiB", hint,
+              scale=1024, limit=vm.ram_gib, limit_label=f"RAM: {vm.ram_gib} GiB"),
     ]
 
 
