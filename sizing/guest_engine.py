@@ -89,8 +89,9 @@ class GuestThresholds:
     ram_high_pct: float = 90.0
     ram_target_pct: float = 70.0
     ram_low_pct: float = 50.0
-    min_vcpus: int = 2
-    min_ram_gib: int = 4
+    # A workstation below these runs its OS and DCC application badly whatever it measured.
+    min_vcpus: int = 4
+    min_ram_gib: int = 8
 
 
 @dataclass(frozen=True)

@@ -50,10 +50,11 @@ def test_an_increase_the_host_cannot_give_is_capped_and_said():
     assert "node-01 has room for 2 more" in advice.reason
 
 
-def test_idle_vcpus_give_some_back_but_never_below_two():
-    advice = advise_guest(hours(util=10.0, busiest=30.0, vcpus=16), vcpus=16, ram_gib=32)
-    assert (advice.cpu_action, advice.suggested_vcpus) == (DOWNSIZE, 3)  # ceil(16 x 10 / 60)
-    assert advise_guest(hours(util=6.0, busiest=20.0, vcpus=4), vcpus=4, ram_gib=32).suggested_vcpus == 2
+def test_idle_vcpus_give_some_back_but_a_workstation_keeps_at_least_four():
+    advice = advise_guest(hours(util=20.0, busiest=30.0, vcpus=16), vcpus=16, ram_gib=32)
+    assert (advice.cpu_action, advice.suggested_vcpus) == (DOWNSIZE, 6)  # ceil(16 x 20 / 60)
+    assert advise_guest(hours(util=10.0, busiest=30.0, vcpus=16), vcpus=16, ram_gib=32).suggested_vcpus == 4
+    assert advise_guest(hours(util=6.0, busiest=20.0, vcpus=4), vcpus=4, ram_gib=32).cpu_action == KEEP
 
 
 def test_a_modeling_vm_using_6_of_32_gib_gives_ram_back():
