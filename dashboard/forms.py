@@ -8,6 +8,7 @@ from django import forms
 from django.http import HttpRequest
 from django.utils.http import url_has_allowed_host_and_scheme
 
+from sizing import feedback_rules
 from telemetry.ranges import DEFAULT_PRESET, RangeError, TimeRange, resolve_range
 
 
@@ -106,3 +107,24 @@ class HypervisorSyncForm(forms.Form):
         if self.cleaned_data["apply"] == "entry":
             return [str(self.cleaned_data["entry"])]
         return self.cleaned_data["apply"]
+
+
+class FeedbackForm(forms.Form):
+    """The feedback prompt of /me/: a rating as five radio buttons, the quick tags as
+    checkboxes and an optional note. The rules (which tags go together, the note's length) are
+    `sizing.feedback`'s, so the page and the API refuse the same things in the same words."""
+
+    rating = forms.TypedChoiceField(
+        choices=[(n, "★" * n) for n in range(5, 0, -1)], coerce=int, widget=forms.RadioSelect,
+        error_messages={"required": "Choose a rating from 1 to 5 stars.",
+                        "invalid_choice": "Choose a rating from 1 to 5 stars (not %(value)s)."},
+    )
+    tags = forms.MultipleChoiceField(required=False, widget=forms.CheckboxSelectMultiple)
+    note = forms.CharField(required=False, widget=forms.Textarea(attrs={"rows": 2}), strip=True)
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.fields["tags"].choices = list(feedback_rules.TAG_LABELS.items())
+        self.fields["tags"].error_messages["invalid_choice"] = (
+            "Unknown tag %(value)s; choose among " + ", ".join(feedback_rules.TAGS) + ".")
+        self.fields["note"].widget.attrs["maxlength"] = feedback_rules.NOTE_MAX_CHARS

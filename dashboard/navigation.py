@@ -57,6 +57,7 @@ ADMIN_MENU = (
         Link("Right-sizing", "sizing:suggestion-list"),
         Link("Density planner", "sizing:planner"),
         Link("Placement optimizer", "sizing:optimizer"),
+        Link("Artist feedback", "sizing:feedback"),
     )),
     Group("Requests", (
         Link("Resize requests", "fleet:requests", badge="pending"),

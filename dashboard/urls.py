@@ -10,6 +10,7 @@ from dashboard.views import (
     audit,
     details,
     drift,
+    feedback,
     heatmap,
     hypervisors,
     lists,
@@ -44,6 +45,9 @@ fleet_patterns = [
     path("requests/<int:pk>/room/", requests.request_room, name="request-room"),
     path("requests/<int:pk>/<str:verb>/", requests.request_decide, name="request-decide"),
     path("me/vms/<int:vm_pk>/request/", requests.request_file, name="request-file"),
+    # --- artists' feedback (the prompt on /me/) ---
+    path("me/vms/<int:vm_pk>/feedback/", feedback.feedback_file, name="feedback-file"),
+    path("me/feedback/not-now/", feedback.feedback_not_now, name="feedback-not-now"),
     path("notifications/", requests.notification_list, name="notifications"),
     # --- scheduler policies ---
     path("scheduler/", scheduler.scheduler_list, name="scheduler"),
@@ -69,6 +73,8 @@ sizing_patterns = [
     path("suggestions/<int:pk>/accept/", suggestions.accept, name="suggestion-accept"),
     path("suggestions/<int:pk>/dismiss/", suggestions.dismiss, name="suggestion-dismiss"),
     path("suggestions/<int:pk>/restore/", suggestions.restore, name="suggestion-restore"),
+    # --- artists' feedback ---
+    path("feedback/", feedback.feedback_trends, name="feedback"),
     # --- density planner ---
     path("planner/", planner.planner_page, name="planner"),
     # --- placement optimizer ---

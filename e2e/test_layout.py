@@ -61,6 +61,7 @@ PAGES = [
     Page("agents", "telemetry:agent-list", "admin"),
     Page("suggestions", "sizing:suggestion-list", "admin"),
     Page("planner", "sizing:planner", "admin"),
+    Page("feedback", "sizing:feedback", "admin"),
     Page("optimizer", "sizing:optimizer", "admin"),
     Page("optimizer-run", "sizing:optimizer-run", "admin", "run"),
     Page("requests", "fleet:requests", "admin"),
@@ -100,6 +101,8 @@ NOT_PAGES = {
     "fleet:request-room": "fragment of the request queue",
     "fleet:request-decide": "POST",
     "fleet:request-file": "POST",
+    "fleet:feedback-file": "POST",
+    "fleet:feedback-not-now": "POST",
     "fleet:scheduler-gpu-apply": "POST",
     "fleet:scheduler-gpu-clear": "POST",
     "fleet:host-hypervisor-check": "POST",
@@ -207,8 +210,30 @@ def demo_ids(world) -> dict[str, int]:
     pending = resize_requests.file_request(vm, user, others.order_by("-fb_mib").first(), 1, "heavier scenes this month")
     run = optimizer_runs.start_run(None, include_suggestions=True)
     optimizer_runs.execute_run(run.pk)
+    past_feedback()
     return {"host": vgpu.gpu.host_id, "gpu": vgpu.gpu_id, "gpu_model": vgpu.gpu.gpu_model_id, "vm": vm.pk,
             "artist": world.artist.pk, "run": run.pk, "request": pending.pk, "channel": channels_with_deliveries()}
+
+
+def past_feedback() -> None:
+    """Ten past working days rated on the demo's VMs (today is left for the prompt of /me/), so the
+    feedback trends and the artist's Feedback section have rows."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from fleet.models import VirtualMachine
+    from sizing.models import Feedback
+
+    today = timezone.localdate()
+    tags = (["out_of_gpu_memory", "slow_scene_open"], ["viewport_stutter"], ["display_lag"], [], ["fine"])
+    vms = VirtualMachine.objects.filter(artist__isnull=False).select_related("artist").order_by("name")[:8]
+    for index, vm in enumerate(vms):
+        for day in range(1, 11):
+            rating = 1 + (index + day) % 5
+            Feedback.objects.create(artist=vm.artist, vm=vm, host_id=vm.host_id, rating=rating,
+                                    tags=tags[rating - 1], session_date=today - timedelta(days=day),
+                                    note="Heavy crowd scene" if rating < 3 else "")
 
 
 def channels_with_deliveries() -> int:

@@ -10,9 +10,10 @@ import django_filters
 from django.db.models import QuerySet
 
 from fleet import queries as fleet_queries
+from fleet.choices import Workflow
 from fleet.filtersets import IdOrNameFilter, visible_to_requester
 from sizing.choices import Fits
-from sizing.models import Suggestion, SuggestionAction
+from sizing.models import Feedback, Suggestion, SuggestionAction
 
 #: `?dismissed=`: hidden unless asked for, since a dismissal means "stop showing me this".
 HIDE_DISMISSED = "false"
@@ -62,3 +63,21 @@ class SuggestionFilterSet(django_filters.FilterSet):
         if wanted == ONLY_DISMISSED:
             return queryset.filter(dismissed=True)
         return queryset
+
+
+class FeedbackFilterSet(django_filters.FilterSet):
+    """Artists' ratings by VM, artist, the artist's workflow, the host of the day rated, and from
+    a day on (`?since=2026-11-01`). VM, artist and host choices are what the requester may see,
+    so an artist naming someone else's VM gets the same 400 as naming nobody."""
+
+    vm = IdOrNameFilter(label="VM", queryset=visible_to_requester(fleet_queries.visible_vms))
+    artist = IdOrNameFilter(label="Artist", queryset=visible_to_requester(fleet_queries.visible_artists))
+    workflow = django_filters.ChoiceFilter(field_name="artist__workflow", choices=Workflow.choices,
+                                           label="Workflow")
+    host = IdOrNameFilter(label="Host", queryset=visible_to_requester(fleet_queries.visible_hosts))
+    since = django_filters.DateFilter(field_name="session_date", lookup_expr="gte", label="Since",
+                                      help_text="First day rated, YYYY-MM-DD")
+
+    class Meta:
+        model = Feedback
+        fields = ["vm", "artist", "workflow", "host", "since"]

@@ -1,5 +1,5 @@
 """What sizing keeps: workflow presets for the density planner, right-sizing suggestions per VM,
-and runs of the fleet placement optimizer.
+runs of the fleet placement optimizer, and artists' feedback on how their workstation felt.
 
 The decisions themselves are pure functions (`sizing.engine`, `sizing.planner`,
 `sizing.optimizer`); these rows only store their inputs and results.
@@ -9,10 +9,12 @@ from django.conf import settings
 from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 from django.db.models import Q
+from django.utils import timezone
 
 from fleet import placement
 from fleet.choices import Series, Workflow
-from fleet.models import ResizeRequest, VgpuProfile, VirtualMachine
+from fleet.models import Artist, Host, ResizeRequest, VgpuProfile, VirtualMachine
+from sizing import feedback_rules
 
 
 class WorkflowPreset(models.Model):
@@ -183,3 +185,72 @@ class OptimizerRun(models.Model):
 
     def __str__(self):
         return f"Optimizer run {self.pk} ({self.get_status_display()})"
+
+
+class Feedback(models.Model):
+    """How one working day on one VM felt to its artist: a rating of 1 to 5, quick tags and a note.
+
+    Filed by the VM's own artist (`sizing.feedback.file_feedback`), at most one a VM and day: a
+    second the same day updates the first. `artist` and `host` are kept as they were when the
+    day was rated, so a VM given to someone else later does not show them the previous artist's
+    ratings, and the per-host trends follow where the VM ran that day. Right-sizing reads it
+    beside the metrics (`sizing.feedback.for_vm`, `sizing.feedback_rules.feedback_summary`).
+    """
+
+    artist = models.ForeignKey(Artist, on_delete=models.CASCADE, related_name="feedback")
+    vm = models.ForeignKey(VirtualMachine, on_delete=models.CASCADE, related_name="feedback", verbose_name="VM")
+    host = models.ForeignKey(
+        Host, null=True, blank=True, on_delete=models.SET_NULL, related_name="+",
+        help_text="The VM's host on the day rated",
+    )
+    rating = models.PositiveSmallIntegerField(
+        validators=[MinValueValidator(feedback_rules.RATING_MIN), MaxValueValidator(feedback_rules.RATING_MAX)],
+        help_text="1 (could not work) to 5 (smooth)",
+    )
+    tags = models.JSONField(default=list, blank=True, help_text="Quick tags: " + ", ".join(feedback_rules.TAGS))
+    note = models.TextField(blank=True, max_length=feedback_rules.NOTE_MAX_CHARS)
+    session_date = models.DateField("day rated", default=timezone.localdate)
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+",
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["-session_date", "-id"]
+        verbose_name_plural = "feedback"
+        constraints = [
+            models.UniqueConstraint(fields=["vm", "session_date"], name="feedback_one_per_vm_day"),
+            models.CheckConstraint(
+                condition=Q(rating__gte=feedback_rules.RATING_MIN) & Q(rating__lte=feedback_rules.RATING_MAX),
+                name="feedback_rating_1_to_5",
+            ),
+        ]
+        indexes = [
+            models.Index(fields=["session_date"], name="feedback_day_idx"),
+            models.Index(fields=["artist", "session_date"], name="feedback_artist_day_idx"),
+        ]
+
+    def __str__(self):
+        return f"{self.vm.name} on {self.session_date}: {self.rating}/5"
+
+    def tag_labels(self) -> list[str]:
+        return [feedback_rules.TAG_LABELS.get(tag, tag) for tag in self.tags]
+
+
+class FeedbackPrompt(models.Model):
+    """An artist's "Not now" to the day's feedback prompt, so it is not shown again that day.
+
+    One row a user and day; the prompt is due again the next day.
+    """
+
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="+")
+    day = models.DateField()
+    dismissed_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["-day", "-id"]
+        constraints = [models.UniqueConstraint(fields=["user", "day"], name="feedbackprompt_one_per_user_day")]
+
+    def __str__(self):
+        return f"Feedback prompt dismissed on {self.day}"

@@ -243,7 +243,7 @@ def object_for(template: str, name: str, w) -> Any:
         "workflow-presets": w.preset, "optimizer-runs": w.run, "operations": w.operation,
         "channels": w.channel, "notification-channels": w.channel, "deliveries": w.delivery,
         "alerts": w.alert, "alert-rules": w.alert.rule, "silences": w.silence, "licence-pools": w.pool,
-        "api-tokens": w.ana_token,
+        "api-tokens": w.ana_token, "feedback": w.feedback,
     }
     return by_segment[segment]
 

@@ -47,7 +47,7 @@ from fleet.tests.factories import ArtistFactory, GpuFactory, UserFactory, Virtua
 from hypervisors.models import Operation
 from notify import services as notify_services
 from notify.models import NotificationChannel
-from sizing import optimizer_runs, tasks
+from sizing import feedback, optimizer_runs, tasks
 from sizing.models import Suggestion, SuggestionAction, WorkflowPreset
 from telemetry.aggregation import bucket_floor
 from telemetry.models import Agent, AgentKind, GpuRollup, GpuSample
@@ -63,8 +63,10 @@ ADMIN_LOGIN = "admin-login"
 SHARED_READING = 93.75
 # What each artist may never see of the other (names, VM, request reason, notification text), and
 # Ana nothing of the co-tenant of her shared GPU, its name or the GPU's readings.
-PRIVATE = {"artist": ("ws-bob", "Bob Artist", "ws-cleo", str(SHARED_READING), str(SHARED_READING * 100)),
-           "other_artist": ("ws-ana", "Ana Artist", "ana-reason", "for Ana")}
+# Each artist's feedback note stands for their ratings: the other never reads it anywhere.
+PRIVATE = {"artist": ("ws-bob", "Bob Artist", "ws-cleo", str(SHARED_READING), str(SHARED_READING * 100),
+                      "bob-feels: froze"),
+           "other_artist": ("ws-ana", "Ana Artist", "ana-reason", "for Ana", "ana-feels: smooth")}
 
 W = Any  # the world namespace
 
@@ -121,6 +123,9 @@ def security_world(fleet_world, admin_user) -> W:
     w.silence = alert_services.create_silence(admin_user, reason="matrix", alert=w.alert,
                                               ends_at=now + timedelta(hours=1))
     w.pool = LicencePool.objects.create(edition="vws", owned=10)
+    # Today's ratings of Ana's and Bob's VMs, each by its artist.
+    w.feedback, _ = feedback.file_feedback(w.ana.user, w.vm_a, 5, ["fine"], "ana-feels: smooth")
+    w.bob_feedback, _ = feedback.file_feedback(w.bob.user, w.vm_b, 1, ["out_of_gpu_memory"], "bob-feels: froze")
     return w
 
 
@@ -239,6 +244,11 @@ ROWS = [
         name="requests/{pk}/cancel/"),
     Row("me/vms/{vm_pk}/request/", lambda w: f"/me/vms/{w.vm_a.pk}/request/", POST_ONLY,
         Unsafe("post", (LOGIN, "/me/", 403, "/me/", LOGIN, LOGIN), lambda w: {})),
+    # The feedback prompt of /me/: Send for one's own VM only (an empty form: a message on /me/), Not now.
+    Row("me/vms/{vm_pk}/feedback/", lambda w: f"/me/vms/{w.vm_a.pk}/feedback/", POST_ONLY,
+        Unsafe("post", (LOGIN, "/me/", 403, 403, LOGIN, LOGIN), lambda w: {})),
+    Row("me/feedback/not-now/", lambda w: "/me/feedback/not-now/", POST_ONLY,
+        Unsafe("post", (LOGIN, "/me/", "/me/", "/me/", LOGIN, LOGIN), lambda w: {})),
     Row("notifications/", lambda w: "/notifications/", PAGE_SIGNED_IN),
     Row("scheduler/", lambda w: "/scheduler/", PAGE_ADMINS),
     Row("scheduler/gpus/{pk}/", lambda w: f"/scheduler/gpus/{w.gpu_a.pk}/", PAGE_ADMINS,
@@ -304,6 +314,7 @@ ROWS = [
     Row("sizing/suggestions/{pk}/restore/", lambda w: f"/sizing/suggestions/{w.suggestion.pk}/restore/",
         POST_ONLY_STAFF, Unsafe("post", _staff_form("/sizing/suggestions/"), lambda w: {})),
     Row("sizing/planner/", lambda w: "/sizing/planner/", PAGE_ADMINS),
+    Row("sizing/feedback/", lambda w: "/sizing/feedback/", PAGE_ADMINS),
     Row("sizing/optimizer/", lambda w: "/sizing/optimizer/", PAGE_ADMINS,
         Unsafe("post", _staff_form("/sizing/optimizer/{next_run}/"), lambda w: {})),
     Row("sizing/optimizer/{pk}/", lambda w: f"/sizing/optimizer/{w.run.pk}/", PAGE_ADMINS),
@@ -469,6 +480,12 @@ ROWS = [
         API_POST_ONLY, Unsafe("post", (401, 403, 403, 200, 200, 401))),
     Row("api/v1/suggestions/{pk}/restore/", lambda w: f"/api/v1/suggestions/{w.suggestion.pk}/restore/",
         API_POST_ONLY, Unsafe("post", (401, 403, 403, 200, 200, 401))),
+    # Feedback: an artist files for her own VM (a second the same day updates it: 200) and reads her own.
+    Row("api/v1/feedback/", lambda w: "/api/v1/feedback/", API_SIGNED_IN,
+        Unsafe("post", (401, 200, 403, 403, 403, 401), lambda w: {"vm": w.vm_a.pk, "rating": 4})),
+    Row("api/v1/feedback/{pk}/", lambda w: f"/api/v1/feedback/{w.feedback.pk}/", API_OWN,
+        Unsafe("patch", API_READ_ONLY_SIGNED_IN, lambda w: {"rating": 1})),
+    Row("api/v1/feedback/trends/", lambda w: "/api/v1/feedback/trends/", API_ADMINS),
     Row("api/v1/workflow-presets/", lambda w: "/api/v1/workflow-presets/", API_ADMINS),
     Row("api/v1/workflow-presets/{pk}/", lambda w: f"/api/v1/workflow-presets/{w.preset.pk}/", API_ADMINS,
         Unsafe("patch", API_WRITE_ADMINS, lambda w: {"fb_mib": -1})),

@@ -226,6 +226,7 @@ def test_query_count_does_not_grow_with_vms(client, db, django_assert_num_querie
     assert counts[2] == counts[12]
     # session, user, artist, VMs (with their suggestions), vGPUs, usage, agents, vGPU profiles and resize
     # requests (the request form), the fleet snapshot of the VMs' GPU models (7: where each choice of
-    # the form fits now) and the navigation badges
-    with django_assert_num_queries(17):
+    # the form fits now), the navigation badges, and the feedback prompt (a "Not now" today, the VMs
+    # not rated today) and the artist's last ratings
+    with django_assert_num_queries(20):
         me(client)

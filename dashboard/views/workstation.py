@@ -14,6 +14,7 @@ from django.contrib.auth.decorators import login_required
 
 from config.roles import is_fleet_admin
 from dashboard.details import NO_USAGE, Usage, agents_by_host, gib, vm_usage, vms_with_vgpus
+from dashboard.forms import FeedbackForm
 from dashboard.views.details import (
     Chart,
     Notice,
@@ -28,6 +29,7 @@ from fleet import placement
 from fleet import requests as resize_requests
 from fleet.models import Artist, ResizeRequest, VgpuProfile, VirtualMachine
 from fleet.queries import fleet_snapshot
+from sizing import feedback
 
 DEFAULT_RANGE = "30d"
 
@@ -127,4 +129,8 @@ def workstation(request):
                 evidence=resize_requests.evidence_of(vm),
             ))
     context = {"artist": artist, "workstations": workstations, "staff": staff}
+    if artist is not None:
+        # The day's feedback prompt (until rated or "Not now") and the artist's own last ratings.
+        context.update(feedback_due=feedback.prompt_due(request.user), feedback_form=FeedbackForm(),
+                       my_feedback=feedback.recent_own(request.user))
     return render_page(request, "fleet/workstation.html", context, time_range, error)
