@@ -22,7 +22,7 @@ from fleet.models import ResizeRequest
 from sizing import suggestions
 from sizing.choices import Fits
 from sizing.filtersets import SuggestionFilterSet
-from sizing.models import Suggestion
+from sizing.models import CombinedKind, Suggestion, SuggestionAction
 from sizing.queries import suggestions_for
 
 NOTE_MAX_CHARS = 2000
@@ -66,6 +66,19 @@ class SuggestionSerializer(ExpandableMixin, serializers.ModelSerializer):
         read_only=True, help_text="Dismissed by an admin, and the evidence has not changed since",
     )
     resize_request = FiledRequestSerializer(read_only=True, allow_null=True)
+    cpu_action = serializers.ChoiceField(
+        choices=[("", "Not computed yet"), *SuggestionAction.choices], read_only=True,
+        help_text="vCPU advice from the guest's CPU read through the hypervisor; empty before its first refresh",
+    )
+    ram_action = serializers.ChoiceField(
+        choices=[("", "Not computed yet"), *SuggestionAction.choices], read_only=True,
+        help_text="RAM advice from the guest's memory read through the hypervisor; empty before its first refresh",
+    )
+    combined = serializers.ChoiceField(
+        choices=[("", "Nothing to add"), *CombinedKind.choices], read_only=True,
+        help_text="What the GPU's and the CPU's figures say together when they disagree "
+                  "(evidence.combined.message says it in words); empty when they agree",
+    )
 
     class Meta:
         model = Suggestion
