@@ -64,6 +64,7 @@ run: install $(DEMO_SECRETS)
 	$(BIN)/python manage.py demo_agents --base-port $(AGENT_PORT)
 	@echo "Back-filling two weeks of demo history for every demo host (first run only, a minute or two)..."
 	$(BIN)/python manage.py backfill_demo
+	$(BIN)/python manage.py demo_feedback
 	$(BIN)/python manage.py refresh_suggestions
 	@echo "Serving http://$(HOST):$(PORT)/  (admin site: http://$(HOST):$(PORT)/admin/, API: /api/v1/, docs: /api/docs/)"
 	@echo "Starting a simulated agent per demo host (one process), a Celery worker, beat and the web server; Ctrl-C stops them all."

@@ -90,3 +90,45 @@ def weekly(ratings: Iterable[tuple[date, int, Sequence[str]]]) -> list[dict]:
     for row in ratings:
         weeks.setdefault(week_start(row[0]), []).append(row)
     return [{"week": monday, **feedback_summary(rows)} for monday, rows in sorted(weeks.items())]
+
+
+#: A share of days (0..1) that counts as "often" when feedback bears on the advice.
+OFTEN = 0.3
+#: A share of days (0..1) that counts as "most".
+MOST = 0.7
+#: Tags that say the vGPU itself is short (its frame buffer or its time slice).
+VGPU_TAGS = ("out_of_gpu_memory", "viewport_stutter")
+
+
+def confidence(action: str, summary: dict) -> dict:
+    """How the artist's own ratings (`feedback_summary`) move the confidence of the vGPU advice
+    `action` (upsize, downsize, keep, insufficient_data): {"level": high | medium | low, "why"}.
+    A low rating with a saturated vGPU strengthens an upsize; a high rating at low use supports a
+    downsize; the other way round each is weaker. Without ratings the level is medium: the
+    figures alone."""
+    count = summary.get("count", 0)
+    if not count:
+        return {"level": "medium", "why": "No feedback from the artist in the window: the figures alone."}
+    days = f"{count} day{'s' if count != 1 else ''} rated"
+    low, high, tags = summary["low_share"], summary["high_share"], summary.get("tags", {})
+    vgpu_trouble = max((tags.get(tag, 0.0) for tag in VGPU_TAGS), default=0.0)
+    named = ", ".join(f"{TAG_LABELS[tag][0].lower()}{TAG_LABELS[tag][1:]} {tags[tag]:.0%}"
+                      for tag in VGPU_TAGS if tags.get(tag))
+    if action == "upsize":
+        if low >= OFTEN or vgpu_trouble >= OFTEN:
+            return {"level": "high", "why": f"The artist confirms it: {days}, {low:.0%} of them 1-2 stars"
+                                            + (f" ({named})." if named else ".")}
+        if high >= MOST:
+            return {"level": "low", "why": f"The artist rates most days well ({high:.0%} of {days} at 4-5 "
+                                           "stars): ask before upsizing."}
+    if action == "downsize":
+        if low >= OFTEN or vgpu_trouble >= OFTEN:
+            return {"level": "low", "why": f"The artist reports bad days ({low:.0%} of {days} at 1-2 stars"
+                                           + (f"; {named}" if named else "") + "): do not downsize before asking."}
+        if high >= MOST:
+            return {"level": "high", "why": f"The artist rates {high:.0%} of {days} at 4-5 stars at this use: "
+                                            "a smaller profile should go unnoticed."}
+    if action == "keep" and low >= MOST:
+        return {"level": "low", "why": f"The artist rates {low:.0%} of {days} at 1-2 stars although the figures "
+                                       "look right: look at the CPU, the RAM and the display path."}
+    return {"level": "medium", "why": f"{days}, mean {summary['mean']:.1f} stars: in line with the figures."}

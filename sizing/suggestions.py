@@ -3,7 +3,8 @@
 `refresh_suggestions` is the hourly beat task's work (`sizing.tasks`): it reads the fleet once
 (`fleet.queries.fleet_snapshot`), streams every VM's hourly rollups over the window in one
 query (and its guest CPU and memory rollups in another, for `sizing.guest_engine`'s vCPU and
-RAM advice and the combined reading), asks the pure engine (`sizing.engine.advise`) what each VM
+RAM advice and the combined reading, and its artist's ratings in a third, which move the
+advice's confidence), asks the pure engine (`sizing.engine.advise`) what each VM
 should hold and, for a resize, where the new size would fit (`fleet.fit.ImpactCalculator`, the
 answer approval follows), then upserts one `Suggestion` per VM. The query count is the same for
 ten VMs as for ten thousand (apart from the insert batches), and memory holds one VM's rollups at
@@ -39,8 +40,8 @@ from fleet.fit import ImpactCalculator
 from fleet.models import ResizeRequest, Vgpu
 from fleet.queries import fleet_snapshot
 from fleet.snapshot import FleetSnapshot
-from sizing import engine, guest_engine
-from sizing.models import Suggestion, SuggestionAction
+from sizing import engine, feedback_rules, guest_engine
+from sizing.models import Feedback, Suggestion, SuggestionAction
 from telemetry.aggregation import bucket_floor
 from telemetry.models import GuestRollup, VmRollup
 
@@ -123,6 +124,20 @@ def _guest_hours(start: datetime, end: datetime, vm_ids: list[int] | None) -> It
         yield vm_id, [guest_engine.GuestHour(*row[1:]) for row in group]
 
 
+def _ratings(start: datetime, vm_ids: list[int] | None) -> dict[int, list[tuple]]:
+    """By VM, its artist's ratings since `start` as `(day, rating, tags)` (one query). Only those
+    of the VM's artist now: a VM handed to another artist does not carry the last one's ratings
+    into the evidence the new one reads."""
+    rows = Feedback.objects.filter(session_date__gte=timezone.localdate(start), artist_id=F("vm__artist_id"))
+    if vm_ids is not None:
+        rows = rows.filter(vm_id__in=vm_ids)
+    ratings: dict[int, list[tuple]] = {}
+    for vm_id, day, rating, tags in rows.order_by("vm_id", "session_date").values_list(
+            "vm_id", "session_date", "rating", "tags"):
+        ratings.setdefault(vm_id, []).append((day, rating, tags))
+    return ratings
+
+
 def _hours_per_vm(vm_ids: list[int], streamed: Iterable[tuple[int, list]]) -> Iterator[tuple[int, list]]:
     """Pairs each of `vm_ids` (ascending) with its hours from `streamed` (ascending by VM), or
     with no hours: a VM without rollups still gets a suggestion ("not enough data")."""
@@ -158,9 +173,10 @@ def _guest(snapshot: FleetSnapshot, vm_id: int, guest_hours: list, advice: engin
 
 def _suggestion(snapshot: FleetSnapshot, impacts: ImpactCalculator, vm_id: int, hours: list,
                 limits: engine.Thresholds, window: tuple[datetime, datetime], now: datetime,
-                guest_hours: list | None = None) -> Suggestion:
+                guest_hours: list | None = None, ratings: list | None = None) -> Suggestion:
     """The unsaved suggestion for one VM: the engine's advice and, for a resize, its impact; its
-    vCPU and RAM advice from `guest_hours` and the combined reading."""
+    vCPU and RAM advice from `guest_hours` and the combined reading; its artist's `ratings` and
+    how they move the confidence of the advice (`sizing.feedback_rules.confidence`)."""
     vm = snapshot.vms[vm_id]
     current = snapshot.vm_profile(vm_id)
     options = snapshot.profiles_for(current.gpu_model, current.series)
@@ -182,6 +198,9 @@ def _suggestion(snapshot: FleetSnapshot, impacts: ImpactCalculator, vm_id: int, 
                          "single_thread_bound": guest.single_thread_bound, "steal_high": guest.steal_high}
     evidence["combined"] = ({"kind": combined.kind, "message": combined.message, "keep_vgpu": combined.keep_vgpu}
                             if combined else None)
+    feedback = feedback_rules.feedback_summary(ratings or [])
+    evidence["feedback"] = feedback
+    evidence["confidence"] = feedback_rules.confidence(advice.action, feedback)
     return Suggestion(
         vm_id=vm_id, current_profile_id=current.id,
         suggested_profile_id=advice.suggested.id if advice.suggested is not None else None,
@@ -215,9 +234,11 @@ def refresh_suggestions(now: datetime | None = None, vm_ids: Iterable[int] | Non
     impacts = ImpactCalculator(snapshot)
     streamed = _usage_hours(*window, vm_ids=wanted)
     guests = _hours_per_vm(subjects, _guest_hours(*window, vm_ids=wanted))
+    ratings = _ratings(window[0], wanted)
     for (vm_id, hours), (_, guest_hours) in zip(_hours_per_vm(subjects, streamed), guests, strict=True):
         try:
-            row = _suggestion(snapshot, impacts, vm_id, hours, limits, window, now, guest_hours)
+            row = _suggestion(snapshot, impacts, vm_id, hours, limits, window, now, guest_hours,
+                              ratings.get(vm_id))
         except Exception:
             logger.exception("right-sizing of VM %s (id %d) failed", snapshot.vms[vm_id].name, vm_id)
             counts["failed"] += 1

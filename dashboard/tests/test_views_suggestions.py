@@ -387,6 +387,8 @@ def test_the_cpu_reading_beside_an_idle_gpu_is_on_the_vms_page_the_list_and_the_
     api = staff_client.get(f"/api/v1/suggestions/?vm={world.peer.pk}").json()["results"][0]
     assert (api["cpu_action"], api["ram_action"], api["suggested_ram_gib"], api["combined"]) == (
         "keep", "downsize", 8, "cpu_bound")
+    assert "no ratings in the window" in vm_page
+    assert "Medium No feedback from the artist in the window: the figures alone." in vm_page
     # A VM whose guest was never read says where the figures would come from.
     assert "not read yet (the host's hypervisor link gives the guest's CPU)" in text(
         body(staff_client.get(f"/vms/{world.light.pk}/")))

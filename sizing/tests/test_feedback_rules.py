@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import date
 
 from sizing import feedback_rules
-from sizing.feedback_rules import clean_tags, feedback_summary, tag_errors, week_start, weekly
+from sizing.feedback_rules import clean_tags, confidence, feedback_summary, tag_errors, week_start, weekly
 
 D = date(2026, 11, 2)  # a Monday
 
@@ -63,3 +63,33 @@ def test_weeks_start_on_monday_and_come_oldest_first():
 
 def test_the_tags_match_the_issue():
     assert feedback_rules.TAGS == ("viewport_stutter", "out_of_gpu_memory", "slow_scene_open", "display_lag", "fine")
+
+
+# How feedback moves the confidence of the vGPU advice ----------------------------------------------
+
+
+def days(*ratings: tuple[int, tuple[str, ...]]) -> dict:
+    return feedback_summary((date(2026, 3, 2 + i), rating, tags) for i, (rating, tags) in enumerate(ratings))
+
+
+def test_low_ratings_with_a_short_vgpu_strengthen_an_upsize_and_weaken_a_downsize():
+    bad = days((2, ("out_of_gpu_memory",)), (1, ("viewport_stutter",)), (4, ()), (3, ()))
+    assert confidence("upsize", bad) == {
+        "level": "high", "why": "The artist confirms it: 4 days rated, 50% of them 1-2 stars "
+                                "(out of GPU memory 25%, viewport stutter 25%)."}
+    assert confidence("downsize", bad)["level"] == "low"
+    assert "do not downsize before asking" in confidence("downsize", bad)["why"]
+
+
+def test_high_ratings_at_low_use_support_a_downsize_and_question_an_upsize():
+    good = days((5, ("fine",)), (4, ()), (5, ("fine",)), (4, ()))
+    assert confidence("downsize", good)["level"] == "high"
+    assert confidence("upsize", good) == {"level": "low", "why": (
+        "The artist rates most days well (100% of 4 days rated at 4-5 stars): ask before upsizing.")}
+
+
+def test_without_feedback_or_in_line_with_the_figures_the_confidence_is_the_figures_alone():
+    assert confidence("upsize", days())["level"] == "medium"
+    in_line = confidence("keep", days((3, ()), (4, ())))
+    assert in_line["why"] == "2 days rated, mean 3.5 stars: in line with the figures."
+    assert confidence("keep", days((1, ("display_lag",)), (2, ()), (1, ())))["level"] == "low"

@@ -107,6 +107,37 @@ def test_a_change_of_the_cpu_advice_brings_back_a_dismissed_suggestion(world, ad
     assert not suggestion_of(world.peer).is_dismissed
 
 
+def test_the_artists_own_ratings_move_the_confidence_and_a_former_owners_stay_out(world):
+    """heavy (upsize) is rated 1-2 stars with 'out of GPU memory' by Ana on 3 of 4 days: the upsize
+    is confirmed. light (downsize) rated 5 stars by Bob. Cleo's ratings of heavy from before Ana
+    had it are not Ana's to read: they stay out."""
+    from datetime import date
+
+    from fleet.tests.factories import ArtistFactory
+    from sizing.models import Feedback
+
+    def rate(vm, artist, day, rating, *tags):
+        Feedback.objects.create(artist=artist, vm=vm, rating=rating, tags=list(tags),
+                                session_date=date(2026, 3, day))
+
+    for day, rating, tags in ((9, 1, ("out_of_gpu_memory",)), (10, 2, ("viewport_stutter",)), (11, 4, ()),
+                              (12, 2, ("out_of_gpu_memory",))):
+        rate(world.heavy, world.ana, day, rating, *tags)
+    rate(world.heavy, ArtistFactory(name="Cleo before"), 8, 5, "fine")
+    for day in (9, 10, 11):
+        rate(world.light, world.bob, day, 5, "fine")
+
+    refresh_suggestions(now=NOW)
+
+    heavy = suggestion_of(world.heavy)
+    assert heavy.evidence["feedback"]["count"] == 4  # not Cleo's
+    assert heavy.evidence["confidence"]["level"] == "high"
+    assert heavy.evidence["confidence"]["why"].startswith("The artist confirms it: 4 days rated, 75% of them 1-2 stars")
+    light = suggestion_of(world.light)
+    assert (light.action, light.evidence["confidence"]["level"]) == ("downsize", "high")
+    assert suggestion_of(world.peer).evidence["confidence"]["level"] == "medium"  # no feedback
+
+
 def test_a_vm_at_30_percent_gets_a_downsize_with_the_gpu_it_frees(world):
     refresh_suggestions(now=NOW)
 
@@ -303,12 +334,12 @@ def _refresh_queries() -> int:
 
 def test_a_refresh_costs_the_same_queries_for_2_vms_as_for_12(django_assert_num_queries):
     _fleet(2)
-    # The snapshot (7), the rollups and the guest rollups (1 each), then in a savepoint: the
-    # upsert, ended dismissals, dropped request links and removals (1 each).
-    assert _refresh_queries() == 15
+    # The snapshot (7), the rollups, the guest rollups and the ratings (1 each), then in a
+    # savepoint: the upsert, ended dismissals, dropped request links and removals (1 each).
+    assert _refresh_queries() == 16
     assert Suggestion.objects.count() == 2
     _fleet(10)
-    with django_assert_num_queries(15):
+    with django_assert_num_queries(16):
         counts = refresh_suggestions(now=NOW)
     assert sum(counts[a] for a in ("upsize", "downsize", "keep", "insufficient_data")) == 12
     assert Suggestion.objects.count() == 12
