@@ -318,6 +318,7 @@ SPECTACULAR_SETTINGS = {
         "AgentStatusEnum": "telemetry.models.AgentStatus",
         "AgentKindEnum": "telemetry.models.AgentKind",
         "OptimizerRunStatusEnum": "sizing.models.OptimizerStatus",
+        "GuestAdviceEnum": "sizing.models.GUEST_ADVICE_CHOICES",
         "ResizeRequestStatusEnum": "fleet.choices.ResizeStatus",
         "OperationKindEnum": "hypervisors.choices.OperationKind",
         "OperationStepKindEnum": "hypervisors.choices.StepKind",

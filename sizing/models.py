@@ -64,6 +64,10 @@ class SuggestionAction(models.TextChoices):
     INSUFFICIENT_DATA = "insufficient_data", "Not enough data"
 
 
+#: A suggestion's vCPU or RAM advice, empty before its first refresh (the API's one enum for both).
+GUEST_ADVICE_CHOICES = [("", "Not computed yet"), *SuggestionAction.choices]
+
+
 class CombinedKind(models.TextChoices):
     CPU_BOUND = "cpu_bound", "CPU-bound: one vCPU saturated while the GPU idles"
     GPU_BOUND = "gpu_bound", "GPU-bound: the GPU is busy, the vCPUs are not"

@@ -22,7 +22,7 @@ from fleet.models import ResizeRequest
 from sizing import suggestions
 from sizing.choices import Fits
 from sizing.filtersets import SuggestionFilterSet
-from sizing.models import CombinedKind, Suggestion, SuggestionAction
+from sizing.models import GUEST_ADVICE_CHOICES, CombinedKind, Suggestion
 from sizing.queries import suggestions_for
 
 NOTE_MAX_CHARS = 2000
@@ -67,11 +67,11 @@ class SuggestionSerializer(ExpandableMixin, serializers.ModelSerializer):
     )
     resize_request = FiledRequestSerializer(read_only=True, allow_null=True)
     cpu_action = serializers.ChoiceField(
-        choices=[("", "Not computed yet"), *SuggestionAction.choices], read_only=True,
+        choices=GUEST_ADVICE_CHOICES, read_only=True,
         help_text="vCPU advice from the guest's CPU read through the hypervisor; empty before its first refresh",
     )
     ram_action = serializers.ChoiceField(
-        choices=[("", "Not computed yet"), *SuggestionAction.choices], read_only=True,
+        choices=GUEST_ADVICE_CHOICES, read_only=True,
         help_text="RAM advice from the guest's memory read through the hypervisor; empty before its first refresh",
     )
     combined = serializers.ChoiceField(

@@ -95,7 +95,7 @@ def test_admin_add_rotate_disable_and_bulk_delete_are_recorded(staff_client, adm
     create, rotate = only("agent.create"), only("agent.rotate_token")
     assert (create.source, create.actor, create.after["name"]) == ("admin", admin_user, "gpu-20")
     assert rotate.object_id == str(agent.pk)
-    disabled = AuditEvent.objects.filter(action="agent.update").order_by("object_id")
+    disabled = AuditEvent.objects.filter(action="agent.update").order_by("object_repr")
     assert [(e.object_repr, e.before["enabled"], e.after["enabled"]) for e in disabled] == [
         ("gpu-20", True, False), ("gpu-21", True, False)]
     deleted = AuditEvent.objects.filter(action="agent.delete").order_by("object_id")
