@@ -1,4 +1,5 @@
-"""Admin site for sizing: workflow presets (editable), suggestions and optimizer runs (read-mostly).
+"""Admin site for sizing: workflow presets (editable), suggestions, optimizer runs and artists'
+feedback (read-mostly; a rating whose note should not stay can be deleted).
 
 Every save and deletion here is in the audit log: presets save through `sizing.presets.save_preset`
 (as the API does), deletions of suggestions and runs through `fleet.admin_audit`.
@@ -9,7 +10,7 @@ from django.contrib import admin
 
 from fleet.admin_audit import AuditedAdmin
 from fleet.choices import Workflow
-from sizing.models import OptimizerRun, Suggestion, WorkflowPreset
+from sizing.models import Feedback, OptimizerRun, Suggestion, WorkflowPreset
 from sizing.presets import save_preset
 
 # --- workflow presets (density planner) ---
@@ -96,6 +97,28 @@ class OptimizerRunAdmin(AuditedAdmin):
     list_select_related = ("created_by", "applied_by")
     ordering = ("-created_at", "-id")
     readonly_fields = [f.name for f in OptimizerRun._meta.fields]
+
+    def has_add_permission(self, request) -> bool:
+        return False
+
+    def has_change_permission(self, request, obj=None) -> bool:
+        return False
+
+
+# --- artists' feedback ---
+
+
+@admin.register(Feedback)
+class FeedbackAdmin(AuditedAdmin):
+    """Artists rate their own workstation from their page (or the API); here admins read the
+    ratings and may delete one, e.g. a note that should not stay. Nobody rates for an artist."""
+
+    list_display = ("session_date", "vm", "artist", "host", "rating", "tags", "created_at")
+    list_filter = ("rating", "artist__workflow")
+    list_select_related = ("vm", "artist", "host")
+    search_fields = ("vm__name", "artist__name")
+    ordering = ("-session_date", "vm__name")
+    readonly_fields = [f.name for f in Feedback._meta.fields]
 
     def has_add_permission(self, request) -> bool:
         return False

@@ -187,3 +187,20 @@ def test_trends_default_to_the_last_four_weeks(db, time_machine):
     rows = feedback.trends("host")
     assert [(row.label, row.summary["count"]) for row in rows] == [("host-a", 1), ("host-b", 1)]
     assert feedback.trend_window() == (monday + timedelta(days=2), date(2026, 12, 8))
+
+
+def test_admins_read_ratings_on_the_admin_site_and_may_delete_one_with_its_audit(fleet_world, admin_client):
+    from fleet.models import AuditEvent
+
+    w = fleet_world
+    filed, _ = feedback.file_feedback(w.ana.user, w.vm_a, 1, ["display_lag"], "something that should not stay")
+    listed = admin_client.get("/admin/sizing/feedback/")
+    assert listed.status_code == 200
+    assert w.vm_a.name in listed.content.decode()
+    assert admin_client.get("/admin/sizing/feedback/add/").status_code == 403  # nobody rates for an artist
+
+    gone = admin_client.post(f"/admin/sizing/feedback/{filed.pk}/delete/", {"post": "yes"})
+
+    assert gone.status_code == 302
+    assert not Feedback.objects.exists()
+    assert AuditEvent.objects.filter(action="feedback.delete", object_id=str(filed.pk)).exists()
