@@ -2,7 +2,8 @@
 guest: each linked host's running domains that the inventory knows (by UUID) get a
 `telemetry.models.GuestSample` a reading, the figures taken against the counters the last
 reading left (`GuestCounter`, `hypervisors.guest_rates`). Run by beat's `read_guest_stats`
-(every HYPERVISOR_GUEST_INTERVAL_S) and `manage.py read_guest_stats`.
+(every HYPERVISOR_GUEST_INTERVAL_S, in chunks of hosts across the workers) and `manage.py
+read_guest_stats`.
 
 One host's failure is its own: it is logged and said in the result, and the others are read. A
 domain the inventory does not know is counted and left (the sync report shows it); a VM that
@@ -106,10 +107,12 @@ def read_host(host: Host) -> HostRead:
     return store(host, counters)
 
 
-def read_all() -> GuestRead:
-    """Every linked host, one after the other; one host's failure does not stop the others."""
+def read_all(host_ids: list[int] | None = None) -> GuestRead:
+    """Every linked host (or those of `host_ids`), one after the other; one host's failure does
+    not stop the others."""
     result = GuestRead()
-    for host in linked_hosts():
+    hosts = linked_hosts() if host_ids is None else linked_hosts().filter(pk__in=host_ids)
+    for host in hosts:
         try:
             done = read_host(host)
         except Exception as exc:  # noqa: BLE001 - one host's failure must not stop the others

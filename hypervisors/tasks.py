@@ -5,8 +5,9 @@ time came or whose worker was lost.
 
 `sync_hypervisors` is beat's entry (created by `hypervisors.schedules` after migrate): every
 linked host's hypervisor is checked and read, and its diff against the inventory stored for
-the host page and the API; nothing is applied without an admin. `read_guest_stats` (beat) reads
-the guest CPU and memory of every linked host's running VMs (`hypervisors.guest_stats`). One host's failure is its own
+the host page and the API; nothing is applied without an admin. `read_guest_stats` (beat) hands
+the linked hosts to `read_guest_stats_hosts` tasks in chunks, which read the guest CPU and memory
+of their running VMs (`hypervisors.guest_stats`). One host's failure is its own
 report and status; the others go on. The soft limit stops the run between two hosts (those
 left are read at the next run); the hard limit ends a run stuck in one host's call.
 """
@@ -17,6 +18,7 @@ import logging
 
 from celery import shared_task
 from celery.exceptions import SoftTimeLimitExceeded
+from django.conf import settings
 
 from hypervisors import guest_stats, operations, services
 from hypervisors.models import SyncTrigger
@@ -73,12 +75,29 @@ def sync_hypervisors() -> dict:
     return done
 
 
-@shared_task(name="hypervisors.tasks.read_guest_stats", ignore_result=True, soft_time_limit=SOFT_TIME_LIMIT_S,
-             time_limit=TIME_LIMIT_S)
+#: Linked hosts a `read_guest_stats_hosts` task reads, one after the other.
+GUEST_HOSTS_PER_TASK = 20
+
+
+@shared_task(name="hypervisors.tasks.read_guest_stats", ignore_result=True, soft_time_limit=20, time_limit=30)
 def read_guest_stats() -> dict:
-    """Read every linked host's running VMs' guest CPU and memory; returns {"samples", "hosts", "failed"}."""
+    """Beat's entry: one `read_guest_stats_hosts` task per GUEST_HOSTS_PER_TASK linked hosts, so
+    the workers read the fleet's hypervisors side by side and a slow one holds up only its share.
+    Each expires before the next reading: after a worker outage no backlog of old readings runs."""
+    ids = list(services.linked_hosts().values_list("pk", flat=True))
+    chunks = [ids[start:start + GUEST_HOSTS_PER_TASK] for start in range(0, len(ids), GUEST_HOSTS_PER_TASK)]
+    expires = settings.HYPERVISOR_GUEST_INTERVAL_S * 0.9
+    for chunk in chunks:
+        read_guest_stats_hosts.apply_async(args=[chunk], expires=expires)
+    return {"hosts": len(ids), "tasks": len(chunks)}
+
+
+@shared_task(name="hypervisors.tasks.read_guest_stats_hosts", ignore_result=True, soft_time_limit=SOFT_TIME_LIMIT_S,
+             time_limit=TIME_LIMIT_S)
+def read_guest_stats_hosts(host_ids: list[int]) -> dict:
+    """Read these hosts' running VMs' guest CPU and memory; returns {"samples", "hosts", "failed"}."""
     try:
-        return guest_stats.read_all().as_dict()
+        return guest_stats.read_all(host_ids).as_dict()
     except SoftTimeLimitExceeded:
-        logger.warning("read_guest_stats: time limit reached; the hosts left are read at the next run")
+        logger.warning("read_guest_stats_hosts: time limit reached; the hosts left are read at the next run")
         return {"samples": 0, "hosts": [], "failed": 0}

@@ -68,9 +68,10 @@ def test_beat_reads_the_guests_every_interval(settings):
     assert (entry.interval.every, entry.expire_seconds) == (30, 27)
 
 
-def test_a_linked_hosts_guests_are_read_by_the_task_and_rolled_up(linked, monkeypatch, settings):
-    """node-01's simulated hypervisor read twice a minute apart on a working afternoon: ws-a (an
-    animator's) has one vCPU saturated, ws-b's guest has no balloon driver; the hourly rollup has both."""
+def test_a_linked_hosts_guests_are_read_by_the_tasks_and_rolled_up(linked, monkeypatch, settings):
+    """Beat's task hands node-01 to a reading task (expiring before the next reading); its
+    simulated hypervisor read twice a minute apart on a working afternoon: ws-a (an animator's) has
+    one vCPU saturated, ws-b's guest has no balloon driver; the hourly rollup has both."""
     from datetime import timedelta
 
     from hypervisors import sim_seed, tasks
@@ -88,9 +89,14 @@ def test_a_linked_hosts_guests_are_read_by_the_task_and_rolled_up(linked, monkey
     moments = iter([wednesday, wednesday + 60 * S])
     now = next(moments)
     monkeypatch.setattr(sim.time, "time_ns", lambda: now)
-    first = tasks.read_guest_stats()
+    sent = []
+    monkeypatch.setattr(tasks.read_guest_stats_hosts, "apply_async",
+                        lambda args, expires: sent.append((args, expires)))
+    assert tasks.read_guest_stats() == {"hosts": 1, "tasks": 1}
+    assert sent == [([[linked.host.pk]], settings.HYPERVISOR_GUEST_INTERVAL_S * 0.9)]
+    first = tasks.read_guest_stats_hosts(*sent[0][0])
     now = next(moments)
-    second = tasks.read_guest_stats()
+    second = tasks.read_guest_stats_hosts([linked.host.pk])
 
     assert (first["samples"], second["samples"], second["failed"]) == (2, 2, 0)
     ana = GuestSample.objects.filter(vm=linked.vm_a).order_by("ts").last()
@@ -101,3 +107,16 @@ def test_a_linked_hosts_guests_are_read_by_the_task_and_rolled_up(linked, monkey
     hour = GuestRollup.objects.get(vm=linked.vm_a, step_s=3600)
     assert (hour.samples, hour.vcpus, hour.ram_mib) == (2, 8, 32768)
     assert GuestRollup.objects.get(vm=linked.vm_b, step_s=3600).ram_used_mib_p95 is None
+
+
+def test_the_fleet_is_read_in_chunks_of_hosts_side_by_side(monkeypatch, settings):
+    from hypervisors import tasks
+
+    hosts = [HostFactory(name=f"node-{i:02d}", hypervisor_uri=f"sim://node-{i:02d}") for i in range(45)]
+    HostFactory(name="unlinked")
+    sent = []
+    monkeypatch.setattr(tasks.read_guest_stats_hosts, "apply_async", lambda args, expires: sent.append(args[0]))
+
+    assert tasks.read_guest_stats() == {"hosts": 45, "tasks": 3}
+    assert [len(chunk) for chunk in sent] == [20, 20, 5]
+    assert sorted(pk for chunk in sent for pk in chunk) == sorted(h.pk for h in hosts)
