@@ -6,6 +6,8 @@ from __future__ import annotations
 import csv
 import io
 
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 
 from dashboard.tests.test_views_overview import one, text
@@ -83,3 +85,13 @@ def test_bad_dates_are_a_400_naming_the_field(staff):
         download = staff.get(f"{CSV}?{params}")
         assert download.status_code == 400, params
         assert f"{name}:" in download.content.decode(), params
+
+
+def test_the_page_costs_the_same_queries_for_one_host_and_the_whole_fleet(staff):
+    w = world()
+    staff.get(PAGE)  # session and caches warm
+    with CaptureQueriesContext(connection) as one_host:
+        assert staff.get(PAGE + query(w)).status_code == 200
+    with CaptureQueriesContext(connection) as fleet:
+        assert staff.get(f"{PAGE}?start={START}&end={END}").status_code == 200
+    assert len(fleet) == len(one_host)
