@@ -58,6 +58,7 @@ ADMIN_MENU = (
         Link("Density planner", "sizing:planner"),
         Link("Placement optimizer", "sizing:optimizer"),
         Link("Artist feedback", "sizing:feedback"),
+        Link("PoC study", "sizing:study"),
     )),
     Group("Requests", (
         Link("Resize requests", "fleet:requests", badge="pending"),

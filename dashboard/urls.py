@@ -21,6 +21,7 @@ from dashboard.views import (
     planner,
     requests,
     scheduler,
+    study,
     suggestions,
     workstation,
 )
@@ -77,6 +78,9 @@ sizing_patterns = [
     path("feedback/", feedback.feedback_trends, name="feedback"),
     # --- density planner ---
     path("planner/", planner.planner_page, name="planner"),
+    # --- proof-of-concept study ---
+    path("study/", study.study_page, name="study"),
+    path("study.csv", study.study_csv, name="study-csv"),
     # --- placement optimizer ---
     path("optimizer/", optimizer.optimizer, name="optimizer"),
     path("optimizer/<int:pk>/", optimizer.optimizer_run, name="optimizer-run"),

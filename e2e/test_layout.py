@@ -62,6 +62,7 @@ PAGES = [
     Page("suggestions", "sizing:suggestion-list", "admin"),
     Page("planner", "sizing:planner", "admin"),
     Page("feedback", "sizing:feedback", "admin"),
+    Page("study", "sizing:study", "admin"),
     Page("optimizer", "sizing:optimizer", "admin"),
     Page("optimizer-run", "sizing:optimizer-run", "admin", "run"),
     Page("requests", "fleet:requests", "admin"),
@@ -121,6 +122,7 @@ NOT_PAGES = {
     "alerts:alert-silence": "POST",
     "alerts:alert-drain": "POST",
     "alerts:silence-end": "POST",
+    "sizing:study-csv": "CSV download of the study page",
 }
 
 # Every element whose box ends past the window's right edge, unless a box around it scrolls or

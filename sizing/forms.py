@@ -17,7 +17,7 @@ from django.forms import BaseFormSet, formset_factory
 from fleet import placement
 from fleet.choices import SizeMode, Workflow
 from fleet.models import GpuModel, Host, VgpuProfile
-from sizing import planner, planning
+from sizing import planner, planning, study
 from sizing.models import WorkflowPreset
 
 # --- density planner ---
@@ -185,3 +185,40 @@ ArtistFormSet = formset_factory(
     absolute_max=MAX_ARTIST_ROWS,
 )
 ARTISTS_PREFIX = "artists"
+
+
+# --- proof-of-concept study ---
+
+
+class StudyForm(forms.Form):
+    """Which hosts' VMs and which days the study covers (GET, so every study is a link). No
+    host chosen: every host; no days given: the last 14."""
+
+    hosts = forms.TypedMultipleChoiceField(label="Hosts", coerce=int, required=False,
+                                           help_text="None chosen: every host")
+    start = forms.DateField(label="From", required=False,
+                            widget=forms.DateInput(attrs={"type": "date"}, format="%Y-%m-%d"))
+    end = forms.DateField(label="To", required=False,
+                          widget=forms.DateInput(attrs={"type": "date"}, format="%Y-%m-%d"))
+
+    def __init__(self, *args, hosts=(), today=None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.fields["hosts"].choices = [(host.pk, host.name) for host in hosts]
+        self.default_start, self.default_end = study.default_days(today)
+        self.fields["start"].initial, self.fields["end"].initial = self.default_start, self.default_end
+
+    def clean(self):
+        cleaned = super().clean()
+        if self.errors:
+            return cleaned
+        start = cleaned.get("start") or self.default_start
+        end = cleaned.get("end") or self.default_end
+        if end > self.default_end:
+            self.add_error("end", f"The last day ({end}) is in the future: the study reads what was measured.")
+        elif start > end:
+            self.add_error("end", f"The last day ({end}) is before the first ({start}).")
+        elif (end - start).days + 1 > study.MAX_DAYS:
+            self.add_error("start", f"A study covers at most {study.MAX_DAYS} days; this one asks for "
+                                    f"{(end - start).days + 1}: choose a later first day.")
+        cleaned["start"], cleaned["end"] = start, end
+        return cleaned

@@ -315,6 +315,8 @@ ROWS = [
         POST_ONLY_STAFF, Unsafe("post", _staff_form("/sizing/suggestions/"), lambda w: {})),
     Row("sizing/planner/", lambda w: "/sizing/planner/", PAGE_ADMINS),
     Row("sizing/feedback/", lambda w: "/sizing/feedback/", PAGE_ADMINS),
+    Row("sizing/study/", lambda w: "/sizing/study/", PAGE_ADMINS),
+    Row("sizing/study.csv", lambda w: "/sizing/study.csv", PAGE_ADMINS),
     Row("sizing/optimizer/", lambda w: "/sizing/optimizer/", PAGE_ADMINS,
         Unsafe("post", _staff_form("/sizing/optimizer/{next_run}/"), lambda w: {})),
     Row("sizing/optimizer/{pk}/", lambda w: f"/sizing/optimizer/{w.run.pk}/", PAGE_ADMINS),

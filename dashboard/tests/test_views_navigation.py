@@ -14,7 +14,7 @@ from fleet.tests.factories import profile
 GROUPS = {
     "Fleet": ["Overview", "Hosts", "GPUs", "VMs", "Artists", "GPU scheduler", "Drift"],
     "Telemetry": ["Heatmaps", "Agents"],
-    "Sizing": ["Right-sizing", "Density planner", "Placement optimizer", "Artist feedback"],
+    "Sizing": ["Right-sizing", "Density planner", "Placement optimizer", "Artist feedback", "PoC study"],
     "Requests": ["Resize requests", "Approved", "Rejected", "Cancelled", "Operations"],
     "Health": ["Alerts", "Alert rules", "Silences", "Licences", "Driver versions", "Notification channels",
                "Deliveries"],
