@@ -194,6 +194,12 @@ def test_one_event_and_error_answers_in_csv_carry_no_formula(staff, evil, artist
     assert not formula_cells(list(csv.reader(io.StringIO(denied.content.decode(), newline=""))))
 
 
+def test_the_poc_studys_export_carries_no_formula_and_keeps_every_name(staff, evil):
+    """The study's CSV (a page's own export, not a list's) names VMs, hosts and artists."""
+    url = "/sizing/study.csv"
+    assert_safe_and_kept(url, download(staff, url), ("name", "host", "artist"))
+
+
 def test_negative_numbers_stay_numbers(staff, evil):
     """Numbers given as numbers are written as they are: a spreadsheet reads -2.5 as a value."""
     header, *agents = download(staff, "/agents/?format=csv")
@@ -208,7 +214,7 @@ APP_DIRS = ("config", "fleet", "telemetry", "sizing", "hypervisors", "notify", "
 #: The one module that writes CSV, and the modules that serve its exports (their URLs are above).
 CSV_WRITER = "config/csv_export.py"
 #: The list pages, the audit log's streamed export, and the API's default renderers (settings).
-CSV_SERVERS = {"dashboard/listing.py", "fleet/api/audit.py", "config/settings.py"}
+CSV_SERVERS = {"dashboard/listing.py", "fleet/api/audit.py", "config/settings.py", "dashboard/views/study.py"}
 
 
 def csv_routes() -> set[str]:
