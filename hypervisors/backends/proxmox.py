@@ -564,16 +564,19 @@ class ProxmoxBackend(in_definition.DevicesInDefinition):
                 vcpu_pct=round(min(100.0, max(0.0, float(cpu)) * 100), 2) if cpu is not None else None))
         return sorted(found, key=lambda c: c.uuid)
 
-    def _wait(self, upid: object, action: str, *, timeout_s: float = 0.0) -> None:
+    def _task_status(self, upid: str, action: str) -> dict:
+        """A task's status as its node reports it (the node is named in the UPID)."""
+        node = (_UPID.match(upid) or {"node": self._node})["node"]
+        return self._call(action, lambda api: api.nodes(node).tasks(upid).status.get()) or {}
+
+    def _wait(self, upid: object, action: str) -> None:
         """Wait for a task (its UPID); its exit status other than OK, or its running past
-        `timeout_s` (TASK_TIMEOUT_S), is a HypervisorError."""
+        TASK_TIMEOUT_S, is a HypervisorError."""
         if not isinstance(upid, str) or not upid.startswith("UPID:"):
             return  # done already: the API answered without a task
-        limit = timeout_s or TASK_TIMEOUT_S
-        node = (_UPID.match(upid) or {"node": self._node})["node"]
-        deadline = time.monotonic() + limit
+        deadline = time.monotonic() + TASK_TIMEOUT_S
         while True:
-            status = self._call(action, lambda api: api.nodes(node).tasks(upid).status.get()) or {}
+            status = self._task_status(upid, action)
             if status.get("status") == "stopped":
                 exit_status = str(status.get("exitstatus", ""))
                 if exit_status == "OK" or exit_status.startswith("WARNINGS"):
@@ -581,8 +584,8 @@ class ProxmoxBackend(in_definition.DevicesInDefinition):
                 raise HypervisorError(f"Proxmox VE ({self._target.where}) could not {action}: the task failed: "
                                       f"{exit_status or 'no reason given'}.")
             if time.monotonic() >= deadline:
-                raise HypervisorError(f"Proxmox VE ({self._target.where}) did not {action} within {limit:g} s "
-                                      f"(task {upid} is still running).")
+                raise HypervisorError(f"Proxmox VE ({self._target.where}) did not {action} within "
+                                      f"{TASK_TIMEOUT_S:g} s (task {upid} is still running).")
             time.sleep(TASK_POLL_S)
 
     def shutdown(self, uuid: str, timeout_s: float) -> None:
@@ -609,10 +612,8 @@ class ProxmoxBackend(in_definition.DevicesInDefinition):
                               "request; it is left running.")
 
     def _task_ended(self, upid: str) -> bool:
-        node = (_UPID.match(upid) or {"node": self._node})["node"]
         with contextlib.suppress(HypervisorError):
-            status = self._call("read a task", lambda api: api.nodes(node).tasks(upid).status.get()) or {}
-            return status.get("status") != "running"
+            return self._task_status(upid, "read a task").get("status") != "running"
         return True
 
     def start(self, uuid: str) -> None:
