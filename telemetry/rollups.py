@@ -102,6 +102,12 @@ GUEST_ROLLUP_UPDATE_FIELDS = ["samples", "vcpus", "ram_mib", "vcpu_util_avg", "v
                               "vcpu_max_util_avg", "vcpu_max_util_p95", "vcpu_max_util_max", "cpu_steal_pct_avg",
                               "cpu_steal_pct_max", "ram_used_mib_avg", "ram_used_mib_p95", "ram_used_mib_max"]
 _SAMPLES = {"gpu": GpuSample, "vm": VgpuSample, "guest": GuestSample}
+#: Per kind: the rollup model, the entity its unique key starts with, and the columns a rebuild rewrites.
+_ROLLUP_WRITES = {
+    "gpu": (GpuRollup, "gpu", GPU_ROLLUP_UPDATE_FIELDS),
+    "vm": (VmRollup, "vm", VM_ROLLUP_UPDATE_FIELDS),
+    "guest": (GuestRollup, "vm", GUEST_ROLLUP_UPDATE_FIELDS),
+}
 
 
 def checkpoint_name(kind: str, step_s: int) -> str:
@@ -278,26 +284,16 @@ class _Series:
                                      partial=fewest_readings(readings) < gpus))
         return count, rollups
 
-    def write(self, bucket: datetime, rollups: list[GpuRollup] | list[VmRollup]) -> None:
+    def write(self, bucket: datetime, rollups: list) -> None:
         """Upsert on the rollup's unique key: a rerun or a rebuild overwrites, never duplicates.
         5-minute GPU rollups write their bucket into the heatmap strips too (`telemetry.strips`)."""
-        if self.kind == "gpu":
-            GpuRollup.objects.bulk_create(
-                rollups, batch_size=WRITE_BATCH, update_conflicts=True, unique_fields=["gpu", "step_s", "bucket"],
-                update_fields=GPU_ROLLUP_UPDATE_FIELDS,
-            )
-            if self.step_s == FIVE_MINUTES:
-                strips.write_bucket(bucket, rollups)
-        elif self.kind == "guest":
-            GuestRollup.objects.bulk_create(
-                rollups, batch_size=WRITE_BATCH, update_conflicts=True, unique_fields=["vm", "step_s", "bucket"],
-                update_fields=GUEST_ROLLUP_UPDATE_FIELDS,
-            )
-        else:
-            VmRollup.objects.bulk_create(
-                rollups, batch_size=WRITE_BATCH, update_conflicts=True, unique_fields=["vm", "step_s", "bucket"],
-                update_fields=VM_ROLLUP_UPDATE_FIELDS,
-            )
+        model, entity, update_fields = _ROLLUP_WRITES[self.kind]
+        model.objects.bulk_create(
+            rollups, batch_size=WRITE_BATCH, update_conflicts=True, unique_fields=[entity, "step_s", "bucket"],
+            update_fields=update_fields,
+        )
+        if self.kind == "gpu" and self.step_s == FIVE_MINUTES:
+            strips.write_bucket(bucket, rollups)
 
 
 # Checkpoints -------------------------------------------------------------------------------
