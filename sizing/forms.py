@@ -191,19 +191,24 @@ ARTISTS_PREFIX = "artists"
 
 
 class StudyForm(forms.Form):
-    """Which hosts' VMs and which days the study covers (GET, so every study is a link). No
-    host chosen: every host; no days given: the last 14."""
+    """Which hosts' VMs and which days the study covers, and the server whose like the density is
+    planned on (GET, so every study is a link). No host chosen: every host; no days given: the
+    last 14; no server: the first chosen host with GPUs."""
 
     hosts = forms.TypedMultipleChoiceField(label="Hosts", coerce=int, required=False,
                                            help_text="None chosen: every host")
+    server = forms.TypedChoiceField(label="Plan on a server like", coerce=int, required=False, empty_value=None,
+                                    help_text="A host with GPUs; none: the first chosen host with GPUs")
     start = forms.DateField(label="From", required=False,
                             widget=forms.DateInput(attrs={"type": "date"}, format="%Y-%m-%d"))
     end = forms.DateField(label="To", required=False,
                           widget=forms.DateInput(attrs={"type": "date"}, format="%Y-%m-%d"))
 
-    def __init__(self, *args, hosts=(), today=None, **kwargs):
+    def __init__(self, *args, hosts=(), servers=(), today=None, **kwargs):
         super().__init__(*args, **kwargs)
         self.fields["hosts"].choices = [(host.pk, host.name) for host in hosts]
+        self.fields["server"].choices = [("", "First chosen host with GPUs")] + [
+            (host.pk, host.name) for host in servers]
         self.default_start, self.default_end = study.default_days(today)
         self.fields["start"].initial, self.fields["end"].initial = self.default_start, self.default_end
 

@@ -6,7 +6,11 @@ Usage figures come from the hourly rollups. A p95 is the highest hourly p95 of t
 upper bound, as the VM page shows it); a workflow's figure is its busiest VM's, since a server
 is sized for the artists who need the most. The density is the planner's "from measurements"
 answer (`sizing.planning.run_plan`) for these hosts' VMs with their right-sized vCPUs and RAM,
-on a server like the first of the chosen hosts.
+on a server like the one the admin names (by default the first chosen host that has GPUs): its
+board, GPU count, threads, RAM and overcommit.
+
+A workflow's row holds the VMs whose artist works in it today and the ratings given on those
+VMs in the range, so its figures and its feedback are of the same VMs.
 
 Reads only, in a fixed number of queries whatever the number of hosts, VMs or days.
 """
@@ -135,9 +139,10 @@ def _feedback(rows) -> tuple[int, float | None, list[str]]:
     return summary["count"], summary["mean"], tags
 
 
-def study(host_ids, start: date, end: date) -> Study:
+def study(host_ids, start: date, end: date, server_id: int | None = None) -> Study:
     """The study of the VMs on `host_ids` (every host when empty) over the days `start` to
-    `end`: per workflow and per VM figures, and the density they support."""
+    `end`: per workflow and per VM figures, and the density they support on a server like host
+    `server_id` (by default the first chosen host with GPUs)."""
     since, until = window(start, end)
     hosts = list(Host.objects.order_by("name", "id") if not host_ids
                  else Host.objects.filter(pk__in=host_ids).order_by("name", "id"))
@@ -158,15 +163,14 @@ def study(host_ids, start: date, end: date) -> Study:
         ram_p95_pct=_pct("ram_used_mib_p95", "ram_mib"),
     )}
     ratings_by_vm: dict[int, list] = defaultdict(list)
-    ratings_by_workflow: dict[str, list] = defaultdict(list)
-    for vm_id, workflow, day, rating, tags in (
+    for vm_id, day, rating, tags in (
         Feedback.objects.filter(vm_id__in=vm_ids, session_date__gte=start, session_date__lte=end)
-        .order_by().values_list("vm_id", "artist__workflow", "session_date", "rating", "tags")
+        .order_by().values_list("vm_id", "session_date", "rating", "tags")
     ):
         ratings_by_vm[vm_id].append((day, rating, tags))
-        ratings_by_workflow[_workflow_label(workflow)].append((day, rating, tags))
 
     per_vm, per_workflow = [], {}
+    ratings_by_workflow: dict[str, list] = defaultdict(list)
     for vm in vms:
         g, c = gpu.get(vm.pk, {}), guest.get(vm.pk, {})
         count, mean, tags = _feedback(ratings_by_vm[vm.pk])
@@ -179,27 +183,31 @@ def study(host_ids, start: date, end: date) -> Study:
         per_vm.append(VmFigures(vm.pk, vm.name, vm.host.name if vm.host else "", vm.artist.name if vm.artist else "",
                                 label, figures))
         per_workflow.setdefault(label, Figures(label=label)).merge(figures)
+        ratings_by_workflow[label] += ratings_by_vm[vm.pk]
     for label, figures in per_workflow.items():
         figures.feedback_count, figures.feedback_mean, figures.top_tags = _feedback(ratings_by_workflow[label])
     order = {label: index for index, label in enumerate(Workflow.labels)}
     workflows = sorted(per_workflow.values(), key=lambda f: order.get(f.label, len(order)))
-    density, error = _density(hosts, chosen)
+    density, error = _density(chosen, server_id)
     return Study(start=start, end=end, hosts=hosts, workflows=workflows, vms=per_vm, density=density,
                  density_error=error)
 
 
-def _density(hosts: list[Host], host_ids: list[int]) -> tuple[Density | None, str]:
+def _density(host_ids: list[int], server_id: int | None) -> tuple[Density | None, str]:
     """The planner "from measurements" on these hosts' VMs, with their right-sized vCPUs and RAM,
-    on a server like the first chosen host that has GPUs (its board, GPU count, threads, RAM and
-    overcommit)."""
-    gpus = list(Gpu.objects.filter(host_id__in=host_ids).select_related("gpu_model").order_by("host__name", "id"))
+    on a server like host `server_id`, or the first chosen host that has GPUs (its board, GPU
+    count, threads, RAM and overcommit)."""
+    if server_id is None:
+        server_id = (Gpu.objects.filter(host_id__in=host_ids).order_by("host__name", "host_id")
+                     .values_list("host_id", flat=True).first())
+        if server_id is None:
+            return None, "None of these hosts has a GPU: there is no server to plan on."
+    gpus = list(Gpu.objects.filter(host_id=server_id).select_related("gpu_model", "host").order_by("id"))
     if not gpus:
-        return None, "None of these hosts has a GPU: there is no server to plan on."
-    model_host_id = gpus[0].host_id
-    host = next(h for h in hosts if h.pk == model_host_id)
-    count = sum(1 for g in gpus if g.host_id == model_host_id)
+        return None, "The server to plan on has no GPU."
+    host = gpus[0].host
     request = planning.PlanRequest(
-        gpu_model=gpus[0].gpu_model, gpus=count, cpu_threads=host.cpu_threads, ram_gib=host.ram_gib,
+        gpu_model=gpus[0].gpu_model, gpus=len(gpus), cpu_threads=host.cpu_threads, ram_gib=host.ram_gib,
         vcpu_overcommit=host.vcpu_overcommit, ram_overcommit=host.ram_overcommit, size_mode=gpus[0].size_mode,
         from_measurements=True, host_ids=tuple(host_ids), measured_cpu_ram=True,
     )
@@ -209,10 +217,8 @@ def _density(hosts: list[Host], host_ids: list[int]) -> tuple[Density | None, st
         return None, str(exc)
     plan = result.plan
     return Density(
-        host=host.name, gpu_model=gpus[0].gpu_model.name, gpus=count, cpu_threads=host.cpu_threads,
+        host=host.name, gpu_model=gpus[0].gpu_model.name, gpus=len(gpus), cpu_threads=host.cpu_threads,
         ram_gib=host.ram_gib, vms=len(result.measured or ()), servers=plan.servers,
         artists_per_server=plan.artists_per_server, lower_bound_servers=plan.lower_bound_servers,
         unplaced=sum(u.count for u in plan.unplaced),
     ), ""
-
-

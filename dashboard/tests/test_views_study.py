@@ -41,6 +41,15 @@ def test_the_page_shows_the_workflows_the_vms_and_the_density_in_words(staff):
     assert 'class="card study-form no-print"' in html
 
 
+def test_the_server_picker_offers_hosts_with_gpus_and_plans_on_the_one_chosen(staff):
+    w = world()
+    response = staff.get(query(w).join((PAGE, f"&server={w.fleet.host_b.pk}")))
+    assert response.status_code == 200
+    assert "On a server like host-b:" in response.content.decode()
+    offered = [label for _, label in response.context["form"].fields["server"].choices]
+    assert offered == ["First chosen host with GPUs", "host-a", "host-b"]  # ws-idle's host has no GPU
+
+
 def test_the_page_opens_on_the_last_14_days_of_every_host(staff):
     world()
     response = staff.get(PAGE)
@@ -78,7 +87,7 @@ def test_bad_dates_are_a_400_naming_the_field(staff):
     world()
     for params, name in (("start=2026-02-30", "start"), (f"start={END}&end={START}", "end"),
                          ("start=2020-01-01&end=2026-11-14", "start"), ("end=9999-12-31", "end"),
-                         ("hosts=999999", "hosts")):
+                         ("hosts=999999", "hosts"), ("server=999999", "server"), ("server=x", "server")):
         page = staff.get(f"{PAGE}?{params}")
         assert page.status_code == 400, params
         assert f"{name}:" in text(one(page.content.decode(), role="alert")), params

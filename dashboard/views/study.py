@@ -23,13 +23,14 @@ CSV_HEADER = ("row", "name", "host", "artist", "workflow", "vms", "hours_measure
 
 
 def _form(request) -> StudyForm:
-    return StudyForm(request.GET or None, hosts=Host.objects.order_by("name", "id"))
+    return StudyForm(request.GET or None, hosts=Host.objects.order_by("name", "id"),
+                     servers=Host.objects.filter(gpus__isnull=False).distinct().order_by("name", "id"))
 
 
 def _run(form: StudyForm) -> studies.Study:
     data = form.cleaned_data if form.is_bound else {}
     return studies.study(data.get("hosts") or (), data.get("start") or form.default_start,
-                         data.get("end") or form.default_end)
+                         data.get("end") or form.default_end, server_id=data.get("server"))
 
 
 @staff_required

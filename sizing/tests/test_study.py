@@ -120,6 +120,32 @@ def test_the_density_is_the_planners_answer_from_measurements_on_a_server_like_t
                                 f"{expected.servers} server{'s' if expected.servers != 1 else ''} for these 3 VMs.")
 
 
+def test_the_density_is_planned_on_the_server_the_admin_names():
+    w = world()
+    result = study.study([w.fleet.host_a.pk], START, END, server_id=w.fleet.host_b.pk)
+    host_b = w.fleet.host_b
+    expected = planning.run_plan(planning.PlanRequest(
+        gpu_model=gpu_model("Quadro RTX 6000"), gpus=2, cpu_threads=host_b.cpu_threads, ram_gib=host_b.ram_gib,
+        from_measurements=True, host_ids=(w.fleet.host_a.pk,), measured_cpu_ram=True,
+    )).plan
+    density = result.density
+    assert (density.host, density.vms) == ("host-b", 3)  # host-a's VMs, on a server like host-b
+    assert density.servers == expected.servers
+    assert {vm.name for vm in result.vms} == {"ws-down", "ws-dismissed", "ws-keep"}
+
+
+def test_a_workflows_feedback_is_that_of_its_vms_even_when_a_vm_changed_hands():
+    """A lighter's old rating of the VM a modeler now works in counts for Modeling, with that
+    VM's figures, not for Lighting, whose row holds no such VM."""
+    w = world()
+    former = ArtistFactory(name="Former Lighter", workflow="lighting")
+    Feedback.objects.create(artist=former, vm=w.down, host=w.down.host, rating=1, tags=["viewport_stutter"],
+                            session_date=START + timedelta(days=2))
+    workflows = by_name(study.study([], START, END).workflows)
+    assert (workflows["Modeling"].feedback_count, workflows["Modeling"].feedback_mean) == (3, 2.33)  # (4 + 2 + 1) / 3
+    assert (workflows["Lighting"].feedback_count, workflows["Lighting"].feedback_mean) == (1, 5.0)
+
+
 def test_the_study_costs_the_same_queries_for_more_vms_and_days():
     w = world()
     with CaptureQueriesContext(connection) as small:
@@ -127,3 +153,6 @@ def test_the_study_costs_the_same_queries_for_more_vms_and_days():
     with CaptureQueriesContext(connection) as large:
         study.study([], START, END)
     assert len(large) == len(small)
+    with CaptureQueriesContext(connection) as named:
+        study.study([], START, END, server_id=w.fleet.host_b.pk)
+    assert len(named) <= len(small)
