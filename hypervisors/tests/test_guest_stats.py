@@ -59,6 +59,52 @@ def test_a_reading_stored_twice_is_kept_once():
     assert GuestSample.objects.filter(vm=vm).count() == 1
 
 
+def test_hosts_stored_together_give_what_each_stored_alone_gives_in_the_same_queries():
+    """A chunk of hosts is stored in one transaction whose queries do not grow with its hosts,
+    and each host's result and samples are its own."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    hosts = [HostFactory(name=f"node-{i:02d}", hypervisor_uri=f"sim://node-{i:02d}") for i in range(3)]
+    vms = [VirtualMachineFactory(name=f"ws-{i:02d}", host=host) for i, host in enumerate(hosts)]
+    stranger = GuestCounters(uuid="99999999-9999-4999-8999-999999999999", read_at_ns=T0 * S, vcpus=2, ram_mib=4096)
+    first = [(host, [counters(vm, T0, (10, 10))]) for host, vm in zip(hosts, vms, strict=True)]
+    first[1][1].append(stranger)
+    with CaptureQueriesContext(connection) as three:
+        results = guest_stats.store_chunk(first)
+    with CaptureQueriesContext(connection) as one:
+        guest_stats.store_chunk([(hosts[0], [counters(vms[0], T0 + 60, (40, 70))])])
+
+    assert [(r.host, r.samples, r.unknown) for r in results] == [("node-00", 1, 0), ("node-01", 1, 1),
+                                                                  ("node-02", 1, 0)]
+    assert len(three) == len(one)
+    latest = GuestSample.objects.filter(vm=vms[0]).order_by("ts").last()
+    assert (latest.vcpu_util, latest.vcpu_max_util) == (75.0, 100.0)  # against node-00's own counters
+    assert GuestSample.objects.count() == 4
+
+
+def test_a_run_past_its_deadline_reads_no_more_hosts_and_says_which_wait(settings, tmp_path):
+    """A reading task that ran out of time starts no other host: each left is named, with why,
+    and nothing is stored for it."""
+    import time
+
+    from hypervisors import sim_seed
+
+    settings.HYPERVISOR_SIM_DIR = str(tmp_path)
+    hosts = [HostFactory(name=f"node-{i:02d}", hypervisor_uri=f"sim://node-{i:02d}") for i in range(2)]
+    for host in hosts:
+        VirtualMachineFactory(name=f"ws-{host.name}", host=host)
+        sim_seed.seed_host(host)
+
+    late = guest_stats.read_all([h.pk for h in hosts], deadline=time.monotonic() - 1)
+    on_time = guest_stats.read_all([h.pk for h in hosts], deadline=time.monotonic() + 60)
+
+    assert [(h.host, h.error) for h in late.hosts] == [(h.name, guest_stats.LEFT_FOR_NEXT_RUN) for h in hosts]
+    assert late.samples == 0
+    assert [(h.host, h.samples, h.error) for h in on_time.hosts] == [(h.name, 1, "") for h in hosts]
+    assert GuestSample.objects.count() == 2
+
+
 def test_beat_reads_the_guests_every_interval(settings):
     PeriodicTask.objects.filter(name=schedules.READ_GUEST_STATS).delete()
     settings.HYPERVISOR_GUEST_INTERVAL_S = 30
