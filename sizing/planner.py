@@ -216,7 +216,7 @@ def profile_for(fb_mib: int, series: str, gpu_model_name: str,
 
 
 def board_profile(fb_mib: int, series: str, gpu_model: GpuModelSpec,
-                  profiles: Iterable[ProfileSpec]) -> tuple[ProfileSpec | None, str]:
+                  profiles: Iterable[ProfileSpec], vgpus: int = 1) -> tuple[ProfileSpec | None, str]:
     """`profile_for` with a note for people: empty when the board has that exact size, else how
     the size was translated, capped or why no profile exists.
 
@@ -224,10 +224,19 @@ def board_profile(fb_mib: int, series: str, gpu_model: GpuModelSpec,
     the frame buffer of several vGPUs is not pooled (each GPU renders with its own), so extra
     vGPUs would not give a viewport the memory it asked for. The note says so, so the admin
     can choose a larger board instead.
+
+    A VM of several `vgpus` on a board that combines only full-GPU profiles in one VM (Quadro
+    RTX 6000/8000, T4) is given the whole-GPU profile for each: 2 x 24 GiB on a 48 GB Quadro
+    RTX 8000 is 2 x RTX8000-48Q, as the vGPU manager would allow nothing smaller.
     """
     chosen = profile_for(fb_mib, series, gpu_model.name, profiles)
     if chosen is None:
         return None, f"{gpu_model.name} offers no {series}-series profile"
+    if vgpus > 1 and gpu_model.multi_vgpu_full_only and chosen.fb_mib < gpu_model.fb_mib:
+        whole = profile_for(gpu_model.fb_mib, series, gpu_model.name, profiles)
+        if whole is not None and whole.fb_mib >= gpu_model.fb_mib:
+            return whole, (f"{vgpus} vGPUs of {_gib(fb_mib)} -> {vgpus} x {whole.name}: on {gpu_model.name} a VM "
+                           f"with several vGPUs may only use full-GPU profiles")
     if chosen.fb_mib == fb_mib:
         return chosen, ""
     if chosen.fb_mib < fb_mib:

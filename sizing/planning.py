@@ -185,7 +185,8 @@ def preset_demand(preset: WorkflowPreset, server: planner.ServerSpec, profiles: 
     server's board (`planner.board_profile`), with the row's overrides where given, else the
     fleet's `measured` vCPUs and RAM where given, else the preset's."""
     row = row or ArtistRow(count=1, workflow=preset.workflow)
-    profile, note = planner.board_profile(preset.fb_mib, preset.series, server.gpu_model, profiles)
+    profile, note = planner.board_profile(preset.fb_mib, preset.series, server.gpu_model, profiles,
+                                          row.vgpus or preset.vgpus)
     vcpus = row.vcpus or (measured and measured.vcpus) or preset.vcpus
     ram_gib = row.ram_gib or (measured and measured.ram_gib) or preset.ram_gib
     if measured is not None and ((not row.vcpus and measured.vcpus) or (not row.ram_gib and measured.ram_gib)):
@@ -251,7 +252,7 @@ def measured_demands(request: PlanRequest, server: planner.ServerSpec,
         current = max((catalog[pid] for pid in held[vm.pk]), key=lambda p: (p.fb_mib, p.pk))
         count = len(held[vm.pk])
         source, start, vgpu_count, reason = _measured_choice(vm, current, count, catalog)
-        profile, note = planner.board_profile(start.fb_mib, start.series, server.gpu_model, profiles)
+        profile, note = planner.board_profile(start.fb_mib, start.series, server.gpu_model, profiles, vgpu_count)
         workflow = vm.artist.workflow if vm.artist else None
         vcpus, ram_gib = vm.vcpus, vm.ram_gib
         suggestion: Suggestion | None = getattr(vm, "suggestion", None)

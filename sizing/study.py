@@ -97,8 +97,10 @@ class Density:
             return f"No VM of these hosts could be planned on a server like {self.host}."
         per = self.artists_per_server
         per_text = f"{per:g}" if per is not None else "0"
+        placed = self.vms - self.unplaced
+        these = f"these {self.vms} VMs" if not self.unplaced else f"{placed} of these {self.vms} VMs"
         return (f"The measurements support {per_text} artists per server: {self.servers} server"
-                f"{'s' if self.servers != 1 else ''} for these {self.vms} VMs.")
+                f"{'s' if self.servers != 1 else ''} for {these}.")
 
 
 @dataclass(frozen=True)
@@ -110,6 +112,7 @@ class Study:
     vms: list[VmFigures]
     density: Density | None
     density_error: str = ""
+    every_host: bool = False  # no host was chosen: the whole fleet
 
 
 def window(start: date, end: date) -> tuple[datetime, datetime]:
@@ -190,7 +193,7 @@ def study(host_ids, start: date, end: date, server_id: int | None = None) -> Stu
     workflows = sorted(per_workflow.values(), key=lambda f: order.get(f.label, len(order)))
     density, error = _density(chosen, server_id)
     return Study(start=start, end=end, hosts=hosts, workflows=workflows, vms=per_vm, density=density,
-                 density_error=error)
+                 density_error=error, every_host=not host_ids)
 
 
 def _density(host_ids: list[int], server_id: int | None) -> tuple[Density | None, str]:

@@ -37,6 +37,7 @@ def test_the_page_shows_the_workflows_the_vms_and_the_density_in_words(staff):
     assert "Mo Modeler" in down
     assert "3.00 / 5 (2)" in down
     assert "ws-new" not in html  # on host-b, not chosen
+    assert text(one(html, data_scope=True)) == f"Hosts: host-a (3 VMs) · Days: {START} to {END}"
     # Printed, the report leaves out the menu and the form (static/css/app.css, @media print).
     assert 'class="card study-form no-print"' in html
 
@@ -58,6 +59,7 @@ def test_the_page_opens_on_the_last_14_days_of_every_host(staff):
     assert response.context["study"].start == start
     assert response.context["study"].end == end
     assert {vm.name for vm in response.context["study"].vms} >= {"ws-down", "ws-new"}
+    assert text(one(response.content.decode(), data_scope=True)).startswith("Hosts: every host (")
 
 
 def test_the_csv_has_a_row_a_vm_and_a_row_a_workflow(staff):

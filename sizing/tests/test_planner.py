@@ -341,6 +341,19 @@ def test_board_profile_notes_translations_caps_and_missing_series():
     assert why == "Tesla T4 offers no B-series profile"
 
 
+def test_a_multi_vgpu_demand_takes_whole_gpus_on_a_board_that_allows_nothing_smaller():
+    """2 x 24 GiB on a Quadro RTX 8000 (48 GB) is 2 x RTX8000-48Q: its vGPU manager refuses a VM
+    two RTX8000-24Q; the plan places it, where the smaller profile would leave it unplaced."""
+    spec = server("RTX8000")
+    whole, note = board_profile(24 * GIB, "Q", spec.gpu_model, CATALOG_SPECS, vgpus=2)
+    assert whole.name == "RTX8000-48Q"
+    assert "full-GPU profiles" in note
+    assert board_profile(24 * GIB, "Q", spec.gpu_model, CATALOG_SPECS)[0].name == "RTX8000-24Q"  # one vGPU
+    assert board_profile(24 * GIB, "Q", model_spec("L40S"), CATALOG_SPECS, vgpus=2)[0].name == "L40S-24Q"
+    plan = plan_density(spec, [ArtistDemand("Lighting", "lighting", whole, vgpus=2, count=1)])
+    assert (plan.servers, plan.unplaced) == (1, ())
+
+
 def test_a_demand_without_a_profile_is_unplaced_with_its_note():
     spec = server("T4")
     profile, note = board_profile(2 * GIB, "B", spec.gpu_model, CATALOG_SPECS)

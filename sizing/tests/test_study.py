@@ -156,3 +156,9 @@ def test_the_study_costs_the_same_queries_for_more_vms_and_days():
     with CaptureQueriesContext(connection) as named:
         study.study([], START, END, server_id=w.fleet.host_b.pk)
     assert len(named) <= len(small)
+
+
+def test_the_density_sentence_counts_only_the_vms_it_placed():
+    density = study.Density(host="rtx8000-01", gpu_model="Quadro RTX 8000", gpus=3, cpu_threads=96, ram_gib=768,
+                            vms=5, servers=1, artists_per_server=2.0, lower_bound_servers=1, unplaced=3)
+    assert density.sentence == "The measurements support 2 artists per server: 1 server for 2 of these 5 VMs."
