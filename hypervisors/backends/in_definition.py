@@ -6,9 +6,18 @@ saved definition is checked before it is put back."""
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 
 from fleet.pci import InvalidPciBusId, normalize_pci_bus_id
-from hypervisors.backends.base import DeviceBusy, DomainSpec, HypervisorError, PowerState, VgpuDevice
+from hypervisors.backends.base import (
+    DeviceBusy,
+    DomainSpec,
+    HypervisorError,
+    NoInstanceAvailable,
+    PowerState,
+    VgpuDevice,
+    VgpuType,
+)
 
 
 class DevicesInDefinition:
@@ -44,6 +53,24 @@ def gpu_bus_id(text: str) -> str:
         return normalize_pci_bus_id(text)
     except InvalidPciBusId as exc:
         raise HypervisorError(str(exc)) from None
+
+
+def offered_type(types: Iterable[VgpuType], bus: str, type_name: str, *, where: str, no_gpu: str) -> VgpuType:
+    """The type the GPU at `bus` offers under `type_name` (its name or the host's id) with room for
+    one more vGPU now: what `create_vgpu` checks before naming a device the hypervisor makes when
+    the VM starts. NoInstanceAvailable saying which is missing: the GPU (`no_gpu`), the type, or
+    the room; `where` names the host."""
+    offered = [t for t in types if t.gpu_bus_id == bus]
+    if not offered:
+        raise NoInstanceAvailable(no_gpu)
+    match = next((t for t in offered if type_name in (t.name, t.type_id)), None)
+    if match is None:
+        names = ", ".join(sorted(t.name for t in offered))
+        raise NoInstanceAvailable(f"The GPU {bus} on {where} offers no vGPU type named {type_name!r} "
+                                  f"(it offers: {names}).")
+    if match.available < 1:
+        raise NoInstanceAvailable(f"The GPU {bus} on {where} cannot take another {match.name} vGPU now.")
+    return match
 
 
 def saved_definition(uuid: str, saved: str) -> dict:

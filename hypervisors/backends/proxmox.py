@@ -45,10 +45,9 @@ import time
 import uuid as uuidlib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from urllib.parse import parse_qsl, unquote, urlsplit
+from urllib.parse import unquote
 
 import requests
-from django.conf import settings
 from proxmoxer import AuthenticationError, ProxmoxAPI, ResourceException
 
 from fleet.catalog import CATALOG, profiles_of
@@ -204,22 +203,21 @@ class Target:
 
 
 def parse_uri(uri: str) -> Target:
-    parts = urlsplit(uri)
-    if parts.scheme.lower() != SCHEME or not parts.hostname:
-        raise HypervisorError(f"{shown(uri)} is not a Proxmox VE URI: use proxmox://root@pam@NODE:8006/.")
-    login = unquote(parts.username or "")
-    user, _, token = login.partition("!")
+    read = reach.split_uri(uri, scheme=SCHEME, default_port=DEFAULT_PORT, kind="Proxmox VE",
+                           usage="proxmox://root@pam@NODE:8006/")
+    user, _, token = unquote(read.parts.username or "").partition("!")
     if "@" not in user:
         raise HypervisorError(f"{shown(uri)} names no user with its realm: proxmox://root@pam@NODE:8006/ "
                               "(the password, or the API token's secret, comes from the secret reference).")
-    query = dict(parse_qsl(parts.query, keep_blank_values=True))
-    try:
-        port = parts.port or DEFAULT_PORT
-    except ValueError:
-        raise HypervisorError(f"{shown(uri)} has a port that is not a number.") from None
-    return Target(server=parts.hostname, port=port, user=user, token=token, node=query.get("node", ""),
-                  insecure=query.get("insecure", "").lower() in ("1", "true", "yes"),
-                  cafile=query.get("cafile", "") or settings.HYPERVISOR_CA_FILE)
+    return Target(server=read.parts.hostname, port=read.port, user=user, token=token,
+                  node=read.query.get("node", ""), insecure=read.insecure, cafile=read.cafile)
+
+
+def _types(offers: dict[tuple[str, str], dict]) -> list[VgpuType]:
+    """The vGPU types of `ProxmoxBackend._offers`, by GPU and name."""
+    types = [VgpuType(gpu_bus_id=gpu, type_id=type_id, name=offer["name"], available=offer["available"])
+             for (gpu, type_id), offer in offers.items()]
+    return sorted(types, key=lambda t: (t.gpu_bus_id, t.name))
 
 
 def _reason(exc: ResourceException) -> str:
@@ -659,26 +657,17 @@ class ProxmoxBackend(in_definition.DevicesInDefinition):
         return offers
 
     def vgpu_types(self) -> list[VgpuType]:
-        types = [VgpuType(gpu_bus_id=gpu, type_id=type_id, name=offer["name"], available=offer["available"])
-                 for (gpu, type_id), offer in self._offers().items()]
-        return sorted(types, key=lambda t: (t.gpu_bus_id, t.name))
+        return _types(self._offers())
 
     def create_vgpu(self, gpu_bus_id: str, type_name: str, *, device_id: str = "") -> VgpuDevice:
         """Proxmox VE makes a vGPU when the VM that holds it starts: this checks that the GPU can
         take one of the type now and names the device, which `redefine` then writes into the VM."""
         bus = in_definition.gpu_bus_id(gpu_bus_id)
-        offered = {type_id: offer for (gpu, type_id), offer in self._offers().items() if gpu == bus}
-        if not offered:
-            raise NoInstanceAvailable(f"Node {self._node} has no NVIDIA GPU with vGPU types at {bus}.")
-        match = next(((type_id, offer) for type_id, offer in offered.items()
-                      if type_name in (offer["name"], type_id)), None)
-        if match is None:
-            names = ", ".join(sorted(offer["name"] for offer in offered.values()))
-            raise NoInstanceAvailable(f"The GPU {bus} on {self._node} offers no vGPU type named {type_name!r} "
-                                      f"(it offers: {names}).")
-        type_id, offer = match
-        if offer["available"] < 1:
-            raise NoInstanceAvailable(f"The GPU {bus} on {self._node} cannot take another {offer['name']} vGPU now.")
+        offers = self._offers()
+        match = in_definition.offered_type(
+            _types(offers), bus, type_name, where=self._node,
+            no_gpu=f"Node {self._node} has no NVIDIA GPU with vGPU types at {bus}.")
+        offer = offers[(bus, match.type_id)]
         virtual = [pci for pci in offer["functions"] if _is_virtual_function(pci)]
         if virtual:
             held = {d.id for d in self.vgpu_devices() if d.kind == DeviceKind.VF}

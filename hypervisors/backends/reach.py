@@ -6,11 +6,45 @@ from __future__ import annotations
 
 import socket
 import ssl
+from dataclasses import dataclass
+from urllib.parse import SplitResult, parse_qsl, urlsplit
 
-from hypervisors.backends.base import Unreachable
+from django.conf import settings
+
+from hypervisors.backends.base import HypervisorError, Unreachable
+from hypervisors.backends.credentials import shown
 
 #: How long connecting (TCP and TLS) may take.
 CONNECT_TIMEOUT_S = 15.0
+
+
+@dataclass(frozen=True)
+class HttpsUri:
+    """What the backends that speak HTTPS read alike from their URI: its parts, its query, the port
+    (the default where none is given) and how TLS is checked (`?insecure=1`, `?cafile=PATH`, else
+    HYPERVISOR_CA_FILE, else the system's CAs)."""
+
+    parts: SplitResult
+    query: dict[str, str]
+    port: int
+    insecure: bool
+    cafile: str
+
+
+def split_uri(uri: str, *, scheme: str, default_port: int, kind: str, usage: str) -> HttpsUri:
+    """`uri` read as `scheme://...`; HypervisorError naming `kind` ("vSphere") and how it is
+    written (`usage`) when it is not one, or its port is not a number."""
+    parts = urlsplit(uri)
+    if parts.scheme.lower() != scheme or not parts.hostname:
+        raise HypervisorError(f"{shown(uri)} is not a {kind} URI: use {usage}.")
+    query = dict(parse_qsl(parts.query, keep_blank_values=True))
+    try:
+        port = parts.port or default_port
+    except ValueError:
+        raise HypervisorError(f"{shown(uri)} has a port that is not a number.") from None
+    return HttpsUri(parts=parts, query=query, port=port,
+                    insecure=query.get("insecure", "").lower() in ("1", "true", "yes"),
+                    cafile=query.get("cafile", "") or settings.HYPERVISOR_CA_FILE)
 
 
 def ssl_context(where: str, *, insecure: bool, cafile: str) -> ssl.SSLContext:

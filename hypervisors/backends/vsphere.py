@@ -42,9 +42,8 @@ import uuid as uuidlib
 from collections.abc import Iterable
 from dataclasses import dataclass
 from http.client import HTTPException
-from urllib.parse import parse_qsl, unquote, urlsplit
+from urllib.parse import unquote
 
-from django.conf import settings
 from pyVim import connect
 from pyVmomi import vim, vmodl
 
@@ -60,7 +59,6 @@ from hypervisors.backends.base import (
     DomainSpec,
     GuestCounters,
     HypervisorError,
-    NoInstanceAvailable,
     PowerState,
     ShutdownTimeout,
     Unreachable,
@@ -166,21 +164,14 @@ class Target:
 
 
 def parse_uri(uri: str) -> Target:
-    parts = urlsplit(uri)
-    if parts.scheme.lower() != SCHEME or not parts.hostname:
-        raise HypervisorError(f"{shown(uri)} is not a vSphere URI: use vsphere://USER@VCENTER/?datacenter=DC&host=ESXI.")
-    if not parts.username:
+    read = reach.split_uri(uri, scheme=SCHEME, default_port=DEFAULT_PORT, kind="vSphere",
+                           usage="vsphere://USER@VCENTER/?datacenter=DC&host=ESXI")
+    if not read.parts.username:
         raise HypervisorError(f"{shown(uri)} names no user: vsphere://administrator@vsphere.local@VCENTER/... "
                               "(the password comes from the secret reference).")
-    query = dict(parse_qsl(parts.query, keep_blank_values=True))
-    try:
-        port = parts.port or DEFAULT_PORT
-    except ValueError:
-        raise HypervisorError(f"{shown(uri)} has a port that is not a number.") from None
-    return Target(server=parts.hostname, port=port, user=unquote(parts.username),
-                  datacenter=query.get("datacenter", ""), host=query.get("host", ""),
-                  insecure=query.get("insecure", "").lower() in ("1", "true", "yes"),
-                  cafile=query.get("cafile", "") or settings.HYPERVISOR_CA_FILE)
+    return Target(server=read.parts.hostname, port=read.port, user=unquote(read.parts.username),
+                  datacenter=read.query.get("datacenter", ""), host=read.query.get("host", ""),
+                  insecure=read.insecure, cafile=read.cafile)
 
 
 def _fault_text(fault: BaseException) -> str:
@@ -698,16 +689,10 @@ class VsphereBackend(in_definition.DevicesInDefinition):
         """vSphere makes a vGPU when the VM that holds it powers on: this checks that the GPU can
         take one of the type now and names the device, which `redefine` then adds to the VM."""
         bus = in_definition.gpu_bus_id(gpu_bus_id)
-        offered = [t for t in self.vgpu_types() if t.gpu_bus_id == bus]
-        if not offered:
-            raise NoInstanceAvailable(f"{self._host_name} has no vGPU-capable GPU at {bus} (graphicsInfo lists "
-                                      "none in shared direct mode).")
-        match = next((t for t in offered if type_name in (t.name, t.type_id)), None)
-        if match is None:
-            raise NoInstanceAvailable(f"The GPU {bus} on {self._host_name} offers no vGPU type named {type_name!r} "
-                                      f"(it offers: {', '.join(t.name for t in offered)}).")
-        if match.available < 1:
-            raise NoInstanceAvailable(f"The GPU {bus} on {self._host_name} cannot take another {match.name} vGPU now.")
+        match = in_definition.offered_type(
+            self.vgpu_types(), bus, type_name, where=self._host_name,
+            no_gpu=f"{self._host_name} has no vGPU-capable GPU at {bus} (graphicsInfo lists none in shared direct "
+                   "mode).")
         new_id = str(uuidlib.UUID(device_id)) if device_id else str(uuidlib.uuid4())
         return VgpuDevice(kind=DeviceKind.VMIOP, id=new_id, gpu_bus_id=bus, type_name=match.name)
 
