@@ -75,6 +75,10 @@ def test_the_csv_has_a_row_a_vm_and_a_row_a_workflow(staff):
     assert vms["ws-down"]["fb_p95_pct_of_profile"] == "50.0"
     assert vms["ws-down"]["feedback_mean"] == "3.0"
     assert workflows["Lighting"]["ram_p95_pct_of_allocation"] == "25.0"
+    density = study.study([w.fleet.host_a.pk], START, END).density
+    last = rows[-1]  # the report ends with the density the measurements support
+    assert (last["row"], last["host"], last["vms"], last["servers"]) == ("density", "host-a", "3", str(density.servers))
+    assert last["note"].startswith(density.sentence)
 
 
 def test_artists_get_403_and_visitors_the_login(client, artist):
@@ -106,3 +110,16 @@ def test_the_page_costs_the_same_queries_for_one_host_and_the_whole_fleet(staff)
     with CaptureQueriesContext(connection) as fleet:
         assert staff.get(f"{PAGE}?start={START}&end={END}").status_code == 200
     assert len(fleet) == len(one_host)
+
+
+def test_a_study_of_hosts_without_gpus_ends_its_csv_saying_why_no_density(staff):
+    from fleet.tests.factories import HostFactory
+
+    world()
+    bare = HostFactory(name="cpu-only-01")
+    response = staff.get(f"{CSV}?hosts={bare.pk}&start={START}&end={END}")
+    rows = list(csv.DictReader(io.StringIO(b"".join(response.streaming_content).decode())))
+    assert [row["row"] for row in rows] == ["density"]
+    assert rows[-1]["note"] == "None of these hosts has a GPU: there is no server to plan on."
+    page = staff.get(f"{PAGE}?hosts={bare.pk}&start={START}&end={END}")
+    assert text(one(page.content.decode(), data_density_error=True)) == rows[-1]["note"]
