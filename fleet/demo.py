@@ -534,6 +534,16 @@ def seed_demo(*, hosts: int = DEFAULT_HOSTS, gpu_models: Sequence[str] = DEFAULT
     return report
 
 
+def cpu_bound_vm_id() -> int | None:
+    """The VM of the inventory whose animator's rig evaluates on one CPU core: its viewport waits
+    on that vCPU while its GPU idles, the case right-sizing calls CPU-bound (neither a bigger vGPU
+    nor more vCPUs would help). The simulated agents (`telemetry.demo.host_scenario`) keep its GPU
+    light; its guest saturates one vCPU as every animator's does. The first animation VM by name
+    off the proof-of-concept host (whose seats follow the sizing guide), or None."""
+    return (VirtualMachine.objects.filter(artist__workflow=Workflow.ANIMATION).exclude(host__name=POC_HOST)
+            .order_by("name").values_list("pk", flat=True).first())
+
+
 def no_balloon_vm_id() -> int | None:
     """The VM of the inventory whose simulated guest has no balloon driver, so the product shows
     a VM whose memory use is not reported, as a studio's odd Windows VM without the VirtIO
