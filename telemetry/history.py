@@ -11,8 +11,8 @@ their scenario comes from the inventory.
 
 The guests' history is not a model of its own: it is the demo's simulated hypervisor read in
 the past. The counters come from the one model the simulated hosts serve (`telemetry.guest_sim`)
-with the inputs those hosts give each domain, two of them a reading interval apart make each
-sample through the live reader's own `telemetry.guest_rates.reading`, so a VM's back-filled
+with the inputs those hosts give each domain; two of them, a reading interval apart, make each
+sample through the live reader's own `telemetry.guest_rates.reading`. So a VM's back-filled
 hours and the readings that follow them once the demo runs are one series.
 """
 
@@ -109,9 +109,9 @@ def backfill_history(agents: list[Agent], *, tiers: tuple[tuple[float, int], ...
 
 
 def backfill_guests(scenarios: list[dict], times: list[float]) -> int:
-    """Store a guest sample of each VM of `scenarios` at each of `times` (Unix seconds): the one
-    reading its host's simulated hypervisor would have given then, and returns how many were
-    written. Samples already held are left as they are.
+    """Store a guest sample of each VM of `scenarios` at each of `times` (Unix seconds): the
+    reading its host's simulated hypervisor would have given then. Returns how many were
+    written; samples already held are left as they are.
 
     Each sample is `guest_rates.reading` of the counters at the instant against those one reading
     interval before (HYPERVISOR_GUEST_INTERVAL_S), as the live reader takes them, and the counters
