@@ -33,6 +33,7 @@ pytest_plugins = ["fleet.tests.request_world", "hypervisors.tests.fixtures", "hy
 
 #: Test files (or folders, ending in /) of the slow tier, relative to the repository root.
 SLOW_PATHS = (
+    "dashboard/tests/test_demo.py",
     "e2e/",
     "faults/",
     "fleet/tests/test_placement_properties.py",

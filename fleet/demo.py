@@ -41,6 +41,8 @@ POC_GPU_MODEL = "Quadro RTX 6000"
 DEFAULT_GPU_MODELS = ("Quadro RTX 6000", "Quadro RTX 8000", "NVIDIA L40S", "NVIDIA A16")
 DEFAULT_HOSTS = 8
 DEFAULT_SEED = 1
+#: The workflows whose first VM (by name, in this order) is the demo's guest without the balloon driver.
+NO_BALLOON_WORKFLOWS = (Workflow.OTHER, Workflow.LAYOUT, Workflow.COMPOSITING)
 
 # Fixed, so GPU and VM UUIDs come out the same on every machine that seeds the demo.
 DEMO_NAMESPACE = uuid.UUID("5b0f6c8e-3d1a-4c1e-9a55-0d3c2e7f1a90")
@@ -530,3 +532,27 @@ def seed_demo(*, hosts: int = DEFAULT_HOSTS, gpu_models: Sequence[str] = DEFAULT
     if artist_password or report.new_usernames:
         report.artist_password = new_password
     return report
+
+
+def cpu_bound_vm_id() -> int | None:
+    """The VM of the inventory whose animator's rig evaluates on one CPU core: its viewport waits
+    on that vCPU while its GPU idles, the case right-sizing calls CPU-bound (neither a bigger vGPU
+    nor more vCPUs would help). The simulated agents (`telemetry.demo.host_scenario`) keep its GPU
+    light; its guest saturates one vCPU as every animator's does. The first animation VM by name
+    off the proof-of-concept host (whose seats follow the sizing guide), or None."""
+    return (VirtualMachine.objects.filter(artist__workflow=Workflow.ANIMATION).exclude(host__name=POC_HOST)
+            .order_by("name").values_list("pk", flat=True).first())
+
+
+def no_balloon_vm_id() -> int | None:
+    """The VM of the inventory whose simulated guest has no balloon driver, so the product shows
+    a VM whose memory use is not reported, as a studio's odd Windows VM without the VirtIO
+    drivers would be: the first by name of the lightest workflow present (NO_BALLOON_WORKFLOWS),
+    or None when no artist works in one of them. The simulated hypervisors (`hypervisors.sim_seed`)
+    and the demo's back-filled history (`telemetry.history`) both ask here, so they agree."""
+    for workflow in NO_BALLOON_WORKFLOWS:
+        found = (VirtualMachine.objects.filter(artist__workflow=workflow).order_by("name")
+                 .values_list("pk", flat=True).first())
+        if found is not None:
+            return found
+    return None

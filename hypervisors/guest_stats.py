@@ -1,7 +1,7 @@
 """Reading VMs' guest CPU and memory through their hosts' hypervisor links, with no agent in the
 guest: each linked host's running domains that the inventory knows (by UUID) get a
 `telemetry.models.GuestSample` a reading, the figures taken against the counters the last
-reading left (`GuestCounter`, `hypervisors.guest_rates`). Run by beat's `read_guest_stats`
+reading left (`GuestCounter`, `telemetry.guest_rates`). Run by beat's `read_guest_stats`
 (every HYPERVISOR_GUEST_INTERVAL_S, in chunks of hosts across the workers) and `manage.py
 read_guest_stats`.
 
@@ -22,10 +22,10 @@ from datetime import UTC, datetime
 from django.db import transaction
 
 from fleet.models import Host, VirtualMachine
-from hypervisors import guest_rates
 from hypervisors.backends.base import GuestCounters, HypervisorError
 from hypervisors.models import GuestCounter
 from hypervisors.services import linked_hosts, open_link
+from telemetry import guest_rates
 from telemetry.models import GuestSample
 
 logger = logging.getLogger(__name__)
@@ -94,9 +94,7 @@ def store_chunk(read: list[tuple[Host, list[GuestCounters]]]) -> list[HostRead]:
             last = _counters(before.counters) if before is not None and before.host_id == host.pk else None
             reading = guest_rates.reading(current, last)
             read_at = datetime.fromtimestamp(current.read_at_ns / 1e9, tz=UTC)
-            samples.append(GuestSample(vm_id=vm_id, ts=read_at, vcpus=reading.vcpus, ram_mib=reading.ram_mib,
-                                       vcpu_util=reading.vcpu_util, vcpu_max_util=reading.vcpu_max_util,
-                                       cpu_steal_pct=reading.cpu_steal_pct, ram_used_mib=reading.ram_used_mib))
+            samples.append(GuestSample(vm_id=vm_id, ts=read_at, **reading.sample_fields()))
             kept.append(GuestCounter(vm_id=vm_id, host=host, read_at=read_at,
                                      counters={**dataclasses.asdict(current), "vcpu_ns": list(current.vcpu_ns)}))
             result.samples += 1

@@ -6,11 +6,12 @@ right GPU with the type named as a current driver names the profile ("NVIDIA L40
 per GPU the vGPU types of its model from the catalog with their maximum instances. A sync right
 after `seed_host` finds no difference: the device ids it invents are recorded on the vGPUs.
 
-Each domain's guest works as its artist's workflow says (`hypervisors.backends.sim_guests`), and
-the host's contention grows with its number of VMs. One guest of the whole inventory has no
-balloon driver, so the product shows a VM whose memory use is not reported: the first by name of
-the lightest workflow present (other, then layout, then compositing), as a studio's odd Windows
-VM without the VirtIO drivers would be.
+Each domain's guest works as its artist's workflow says (`telemetry.guest_sim`, the demo's one
+model of its guests), and the host's contention grows with its number of VMs
+(`guest_sim.contention_for`). One guest of the whole inventory has no balloon driver, so the
+product shows a VM whose memory use is not reported (`fleet.demo.no_balloon_vm_id`). The demo's
+back-filled history (`telemetry.history`) gives each VM the same inputs, so it stores what
+reading these hosts would have stored.
 """
 
 from __future__ import annotations
@@ -19,18 +20,18 @@ import uuid
 
 from fleet import services as fleet_services
 from fleet.choices import GpuMode, Workflow
+from fleet.demo import no_balloon_vm_id
 from fleet.hypervisor_link import SIM_SCHEME, is_simulated
 from fleet.models import Gpu, Host, Vgpu, VgpuProfile, VirtualMachine
 from hypervisors import services
-from hypervisors.backends import sim, sim_guests
+from hypervisors.backends import sim
 from hypervisors.backends.base import HypervisorError
 from hypervisors.discovery import MIB_PER_GIB
 from hypervisors.matching import type_name_for
+from telemetry import guest_sim
 
 # Fixed, so a host's device ids come out the same each time it is seeded.
 DEVICE_NAMESPACE = uuid.UUID("0f7c2d4e-8b1a-4e55-9c3d-6a2b1e0d4f71")
-#: The workflows whose first VM (by name, in this order) gets a guest without the balloon driver.
-NO_BALLOON_WORKFLOWS = (Workflow.OTHER, Workflow.LAYOUT, Workflow.COMPOSITING)
 
 
 def sim_uri(host: Host) -> str:
@@ -65,19 +66,8 @@ def sim_state_for(host: Host) -> tuple[dict, dict[int, str]]:
         sim.add_domain(state, str(vm.uuid), vm.name, vm.vcpus, vm.ram_gib * MIB_PER_GIB, devices.get(vm.pk, []),
                        workflow=vm.artist.workflow if vm.artist else Workflow.OTHER.value,
                        balloon=vm.pk != without_balloon)
-    state["cpu_contention"] = sim_guests.contention_for(len(vms))
+    state["cpu_contention"] = guest_sim.contention_for(len(vms))
     return state, new_ids
-
-
-def no_balloon_vm_id() -> int | None:
-    """The VM of the inventory whose simulated guest has no balloon driver (see the module's
-    docstring), or None when no artist works in one of NO_BALLOON_WORKFLOWS."""
-    for workflow in NO_BALLOON_WORKFLOWS:
-        found = (VirtualMachine.objects.filter(artist__workflow=workflow).order_by("name")
-                 .values_list("pk", flat=True).first())
-        if found is not None:
-            return found
-    return None
 
 
 def seed_host(host: Host) -> sim.SimBackend:

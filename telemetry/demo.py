@@ -24,7 +24,7 @@ from django.db import transaction
 
 from fleet.catalog import catalog_model
 from fleet.choices import GpuMode
-from fleet.demo import POC_HOST
+from fleet.demo import POC_HOST, cpu_bound_vm_id
 from fleet.hypervisor_link import is_simulated
 from fleet.models import Gpu, Host, Vgpu
 from telemetry.agent.scenario import build_scenario, dump_scenario
@@ -66,7 +66,9 @@ def demo_hosts() -> list[Host]:
 
 def host_scenario(host: Host, timezone: str | None = None) -> dict:
     """The sim scenario of `host` from its inventory rows. Passthrough GPUs are left out: the
-    host's driver does not see a GPU handed whole to a VM, so no agent would report it."""
+    host's driver does not see a GPU handed whole to a VM, so no agent would report it. The
+    demo's CPU-bound animator (`fleet.demo.cpu_bound_vm_id`) gets a light GPU."""
+    cpu_bound = cpu_bound_vm_id()
     gpus = Gpu.objects.filter(host=host, mode=GpuMode.VGPU).select_related("gpu_model").order_by("pci_bus_id")
     vgpus = (
         Vgpu.objects.filter(gpu__in=gpus).select_related("profile", "vm__artist").order_by("gpu_id", "placement_id")
@@ -92,6 +94,7 @@ def host_scenario(host: Host, timezone: str | None = None) -> dict:
                         "fb_mib": vgpu.profile.fb_mib,
                         "workflow": vgpu.vm.artist.workflow if vgpu.vm.artist else "other",
                         "user_type": vgpu.vm.artist.user_type if vgpu.vm.artist else "medium",
+                        "cpu_bound": vgpu.vm_id == cpu_bound,
                     }
                     for vgpu in by_gpu.get(gpu.pk, [])
                 ],

@@ -5,9 +5,15 @@ A fresh demo otherwise opens on empty heatmaps: the agents only start reporting 
 at past instants (the sim is a pure function of time, so these are the very figures its agent
 would have served then), stores them through the real ingest path, adds what the hosts'
 hypervisor links would have read of those VMs' guests at the same instants (CPU and memory,
-`telemetry.guest_sim`, stored in bulk), and rebuilds the rollups over that span (rewinding the
-checkpoints first, since live collection may already have moved them past it). Only demo
-agents are back-filled: their scenario comes from the inventory.
+stored in bulk), and rebuilds the rollups over that span (rewinding the checkpoints first,
+since live collection may already have moved them past it). Only demo agents are back-filled:
+their scenario comes from the inventory.
+
+The guests' history is not a model of its own: it is the demo's simulated hypervisor read in
+the past. The counters come from the one model the simulated hosts serve (`telemetry.guest_sim`)
+with the inputs those hosts give each domain; two of them, a reading interval apart, make each
+sample through the live reader's own `telemetry.guest_rates.reading`. So a VM's back-filled
+hours and the readings that follow them once the demo runs are one series.
 """
 
 from __future__ import annotations
@@ -15,11 +21,15 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from functools import partial
 
 from django.conf import settings
+from django.db.models import Count
 
+from fleet.choices import Workflow
+from fleet.demo import no_balloon_vm_id
 from fleet.models import VirtualMachine
-from telemetry import guest_sim
+from telemetry import guest_rates, guest_sim
 from telemetry.agent import __version__ as AGENT_VERSION
 from telemetry.agent.sim_backend import SimBackend
 from telemetry.demo import host_scenario
@@ -46,9 +56,7 @@ class BackfillResult:
 DEFAULT_TIERS = ((14.0, 1800), (1.0, 300))
 #: Readings per host stored in one ingest transaction.
 CHUNK = 48
-#: The demo guest without the balloon driver: its hypervisor reports no memory use (the pages
-#: say "not reported", never 0).
-NO_BALLOON_VM = "poc-texturing"
+NS = 1_000_000_000
 
 
 def moments(now: datetime, tiers: tuple[tuple[float, int], ...]) -> list[float]:
@@ -101,29 +109,38 @@ def backfill_history(agents: list[Agent], *, tiers: tuple[tuple[float, int], ...
 
 
 def backfill_guests(scenarios: list[dict], times: list[float]) -> int:
-    """Store a guest sample of each VM of `scenarios` at each of `times` (Unix seconds), shaped by
-    its artist's workflow (`telemetry.guest_sim`) and sized by its inventory row (vCPUs, RAM);
-    returns how many were written. Samples already held are left as they are."""
-    seats: dict[str, dict] = {}  # VM UUID -> its first vGPU in the scenario: the sim's seed
-    for scenario in scenarios:
-        for gpu in scenario["gpus"]:
-            for vgpu in gpu.get("vgpus", ()):
-                seats.setdefault(vgpu["vm_uuid"].lower(), vgpu)
-    vms = [(vm_id, name, vcpus, ram_gib * 1024, seats[str(uuid).lower()]) for vm_id, uuid, name, vcpus, ram_gib in
-           VirtualMachine.objects.filter(uuid__in=list(seats)).order_by("pk")
-           .values_list("pk", "uuid", "name", "vcpus", "ram_gib")]
+    """Store a guest sample of each VM of `scenarios` at each of `times` (Unix seconds): the
+    reading its host's simulated hypervisor would have given then. Returns how many were
+    written; samples already held are left as they are.
+
+    Each sample is `guest_rates.reading` of the counters at the instant against those one reading
+    interval before (HYPERVISOR_GUEST_INTERVAL_S), as the live reader takes them, and the counters
+    have the inputs `hypervisors.sim_seed` gives the VM's domain: its UUID, its artist's workflow,
+    its vCPUs and RAM, the studio's standard time, its host's contention (by the host's number of
+    VMs) and, for the demo's guest without the balloon driver (`no_balloon_vm_id`), no memory."""
+    uuids = {vgpu["vm_uuid"].lower() for scenario in scenarios for gpu in scenario["gpus"]
+             for vgpu in gpu.get("vgpus", ())}
+    vms = list(VirtualMachine.objects.filter(uuid__in=list(uuids)).order_by("pk")
+               .values_list("pk", "uuid", "host_id", "artist__workflow", "vcpus", "ram_gib"))
     if not vms or not times:
         return 0
-    tz = guest_sim.timezone(scenarios[0].get("timezone"))
+    on_host = dict(VirtualMachine.objects.filter(host_id__in={host_id for _, _, host_id, *_ in vms})
+                   .values("host_id").annotate(vms=Count("pk")).values_list("host_id", "vms"))
+    without_balloon = no_balloon_vm_id()
+    offset_s = guest_sim.standard_offset_s(settings.TIME_ZONE)
+    interval_ns = round(settings.HYPERVISOR_GUEST_INTERVAL_S * NS)
+    guests = [(vm_id, partial(guest_sim.counters, str(uuid), workflow or Workflow.OTHER.value, vcpus=vcpus,
+                              ram_mib=ram_gib * 1024, utc_offset_s=offset_s,
+                              contention=guest_sim.contention_for(on_host.get(host_id, 0)),
+                              balloon=vm_id != without_balloon))
+              for vm_id, uuid, host_id, workflow, vcpus, ram_gib in vms]
     written = 0
     for first in range(0, len(times), CHUNK):
         rows = []
         for t in times[first:first + CHUNK]:
-            at, ts = guest_sim.clock(t, tz), datetime.fromtimestamp(t, tz=UTC)
-            for vm_id, name, vcpus, ram_mib, seat in vms:
-                figures = guest_sim.simulate_guest(
-                    seat["vgpu_uuid"], seat.get("workflow", "other"), seat.get("user_type", "medium"), vcpus,
-                    ram_mib, t, at, reports_memory=name != NO_BALLOON_VM)
-                rows.append(GuestSample(vm_id=vm_id, ts=ts, vcpus=vcpus, ram_mib=ram_mib, **figures))
+            now_ns, ts = round(t * NS), datetime.fromtimestamp(t, tz=UTC)
+            for vm_id, counters_at in guests:
+                figures = guest_rates.reading(counters_at(now_ns=now_ns), counters_at(now_ns=now_ns - interval_ns))
+                rows.append(GuestSample(vm_id=vm_id, ts=ts, **figures.sample_fields()))
         written += len(GuestSample.objects.bulk_create(rows, ignore_conflicts=True))
     return written

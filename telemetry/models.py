@@ -230,7 +230,7 @@ class VgpuSample(models.Model):
 
 class GuestSample(models.Model):
     """One reading of a VM's guest CPU and memory, read through its hypervisor link (no agent in
-    the guest; `hypervisors.guest_rates` makes the figures from the hypervisor's counters).
+    the guest; `telemetry.guest_rates` makes the figures from the hypervisor's counters).
 
     Shares in percent over the interval before `ts`: `vcpu_util` of all its vCPUs, `vcpu_max_util`
     of the busiest one, `cpu_steal_pct` waiting for a host CPU. `ram_used_mib` is what the guest

@@ -16,6 +16,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Protocol
 
+# Defined with the rate computation that reads it; every backend imports it from here.
+from telemetry.guest_rates import GuestCounters
+
 
 class PowerState:
     """A domain's power state, as the inventory and the pages name it."""
@@ -85,27 +88,6 @@ class ConnectionCheck:
     hypervisor_version: str = ""
     hostname: str = ""
     details: dict = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class GuestCounters:
-    """A running VM's CPU and memory as the hypervisor counts them at one moment, read without an
-    agent in the guest. CPU times are cumulative (`hypervisors.guest_rates` turns two readings
-    into shares); a backend whose hypervisor reports shares already (vSphere's quick stats,
-    Proxmox VE's status) gives them in the `*_pct` fields instead. None is "not reported": a
-    guest without the balloon driver reports no memory use, which is not 0."""
-
-    uuid: str  # lower case, with dashes
-    read_at_ns: int  # when it was read (time.time_ns() or the hypervisor's own clock), ns
-    vcpus: int
-    ram_mib: int  # the VM's allocation
-    vcpu_ns: tuple[int, ...] = ()  # cumulative run time of each vCPU, ns; () when not reported
-    steal_ns: int | None = None  # cumulative time its vCPUs waited to run (steal, ready), ns, all vCPUs together
-    ram_used_mib: int | None = None  # memory the guest uses (the balloon driver's figures)
-    ram_available_mib: int | None = None  # memory the guest sees as its own
-    vcpu_pct: float | None = None  # share of all its vCPUs used since the last reading, %
-    vcpu_max_pct: float | None = None  # the busiest vCPU's share, %
-    steal_pct: float | None = None  # share of time its vCPUs waited to run, %
 
 
 # Errors --------------------------------------------------------------------------------------

@@ -22,10 +22,11 @@ It behaves as a real host does where an operation depends on it:
   (DeviceBusy), `start` a domain whose devices are gone or held by another running domain;
 - `move_to` defines the shut-off domain on another simulated host and undefines it here;
 - `guest_counters` gives each running domain's vCPU and memory counters as its artist's
-  workflow would make them (`hypervisors.backends.sim_guests`): a domain's `workflow` (default
-  "other", light work) and `balloon` (default true; false for a guest without the balloon
-  driver, whose memory use is then not reported) are kept in its record, the host's
-  `cpu_contention` (steal) in the state.
+  workflow would make them (`telemetry.guest_sim`, the demo's one model of its guests, which
+  the demo's back-filled history reads too): a domain's `workflow` (default "other", light
+  work) and `balloon` (default true; false for a guest without the balloon driver, whose memory
+  use is then not reported) are kept in its record, the host's `cpu_contention` (steal) in the
+  state, and local time is settings.TIME_ZONE in standard time (`guest_sim.standard_offset_s`).
 
 Mixed-size mode is not simulated. The sim-only methods below the Backend ones (`define_domain`,
 `change_domain`, `undefine`, `power_off`, `set_ignore_acpi`, `seed`) stand for what happens on
@@ -44,15 +45,12 @@ import tempfile
 import time
 import uuid as uuidlib
 from collections.abc import Callable, Iterator
-from datetime import datetime
 from pathlib import Path
 from urllib.parse import urlsplit
-from zoneinfo import ZoneInfo
 
 from django.conf import settings
 
 from fleet.pci import InvalidPciBusId, normalize_pci_bus_id
-from hypervisors.backends import sim_guests
 from hypervisors.backends.base import (
     Backend,
     ConnectionCheck,
@@ -70,6 +68,7 @@ from hypervisors.backends.base import (
     VgpuDevice,
     VgpuType,
 )
+from telemetry import guest_sim
 
 SIM_VERSION = "sim 1.0"
 #: Seconds a simulated guest takes to power off once asked (a real one: seconds to minutes).
@@ -352,16 +351,16 @@ class SimBackend:
     def guest_counters(self) -> list[GuestCounters]:
         state = self._read()
         now_ns = self.clock()
-        offset_s = _utc_offset_s()
-        contention = float(state.get("cpu_contention", sim_guests.DEFAULT_CONTENTION))
+        offset_s = guest_sim.standard_offset_s(settings.TIME_ZONE)
+        contention = float(state.get("cpu_contention", guest_sim.DEFAULT_CONTENTION))
         found = []
         for key, record in sorted(state["domains"].items()):
             if record["state"] != PowerState.RUNNING:
                 continue
             definition = record.get("live") or record["inactive"]
-            found.append(sim_guests.counters(key, record.get("workflow", "other"), vcpus=definition["vcpus"],
-                                             ram_mib=definition["ram_mib"], now_ns=now_ns, utc_offset_s=offset_s,
-                                             contention=contention, balloon=record.get("balloon", True)))
+            found.append(guest_sim.counters(key, record.get("workflow", "other"), vcpus=definition["vcpus"],
+                                            ram_mib=definition["ram_mib"], now_ns=now_ns, utc_offset_s=offset_s,
+                                            contention=contention, balloon=record.get("balloon", True)))
         return found
 
     def close(self) -> None:
@@ -428,14 +427,6 @@ class SimBackend:
 def _new_record(name: str, inactive: dict, *, workflow: str = "other", balloon: bool = True) -> dict:
     return {"name": name, "state": PowerState.SHUT_OFF, "inactive": inactive, "live": None,
             "ignores_acpi": False, "shutdown_at": None, "workflow": workflow, "balloon": balloon}
-
-
-def _utc_offset_s() -> int:
-    """The studio's offset from UTC (settings.TIME_ZONE), in standard time all year round: the
-    simulated artists' working hours never jump an hour, so their counters never go back."""
-    zone = ZoneInfo(settings.TIME_ZONE)
-    offsets = [datetime(2024, month, 15, tzinfo=zone).utcoffset() for month in (1, 7)]
-    return int(min(offsets).total_seconds())
 
 
 def _power_off(record: dict) -> None:

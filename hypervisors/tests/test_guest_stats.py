@@ -3,12 +3,19 @@ sample a VM a reading, shares taken against the counters the last reading left o
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
+
 import pytest
 from django_celery_beat.models import PeriodicTask
 
+from fleet import demo as fleet_demo
+from fleet.models import VirtualMachine
 from fleet.tests.factories import HostFactory, VirtualMachineFactory
-from hypervisors import guest_stats, schedules
+from hypervisors import guest_stats, schedules, sim_seed
+from hypervisors.backends import sim
 from hypervisors.backends.base import GuestCounters
+from telemetry import history
+from telemetry.demo import demo_hosts, host_scenario
 from telemetry.models import GuestSample
 
 pytestmark = pytest.mark.django_db
@@ -166,3 +173,33 @@ def test_the_fleet_is_read_in_chunks_of_hosts_side_by_side(monkeypatch, settings
     assert tasks.read_guest_stats() == {"hosts": 45, "tasks": 3}
     assert [len(chunk) for chunk in sent] == [20, 20, 5]
     assert sorted(pk for chunk in sent for pk in chunk) == sorted(h.pk for h in hosts)
+
+
+def test_the_demo_history_holds_what_reading_its_simulated_hosts_stores(sim_dir, settings):
+    """The back-filled guest history is the live reading in the past: at an instant of it, reading
+    every demo host's simulated hypervisor (a minute apart, as beat does) stores for each VM the
+    very figures the back-fill stored, the guest without the balloon driver included."""
+    settings.TIME_ZONE = "Europe/Paris"
+    fleet_demo.seed_demo(hosts=3, admin_password="pass-word-123", artist_password="pass-word-123")
+    sim_seed.link_demo_hosts()
+    hosts = demo_hosts()
+    at_s = 1_772_636_400  # Wednesday 2026-03-04, 16:00 in Paris: every artist at work
+    history.backfill_guests([host_scenario(host, timezone=settings.TIME_ZONE) for host in hosts], [at_s])
+    fields = ("vm__name", "vcpus", "ram_mib", "vcpu_util", "vcpu_max_util", "cpu_steal_pct", "ram_used_mib")
+    backfilled = set(GuestSample.objects.values_list(*fields))
+    GuestSample.objects.all().delete()
+
+    for host in hosts:
+        backend = sim.SimBackend.open(host.hypervisor_uri)
+        for read_at_s in (at_s - settings.HYPERVISOR_GUEST_INTERVAL_S, at_s):
+            backend.clock = lambda read_at_s=read_at_s: int(read_at_s * S)
+            guest_stats.store(host, backend.guest_counters())
+    live = set(GuestSample.objects.filter(ts=datetime.fromtimestamp(at_s, tz=UTC)).values_list(*fields))
+
+    assert len(backfilled) == VirtualMachine.objects.filter(vgpus__gpu__host__in=hosts).distinct().count() >= 10
+    assert live >= backfilled
+    by_vm = {row[0]: dict(zip(fields, row, strict=True)) for row in backfilled}
+    no_balloon = VirtualMachine.objects.get(pk=fleet_demo.no_balloon_vm_id())
+    assert by_vm[no_balloon.name]["ram_used_mib"] is None  # not reported, never 0
+    assert by_vm["poc-animation"]["vcpu_max_util"] >= 85  # one vCPU saturated...
+    assert by_vm["poc-animation"]["vcpu_util"] <= 25  # ...while the VM is mostly idle

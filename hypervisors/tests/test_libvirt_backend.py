@@ -32,7 +32,7 @@ from hypervisors.backends.libvirt import (  # noqa: E402
     connection_uri,
     guest_memory,
 )
-from hypervisors.guest_rates import reading  # noqa: E402
+from telemetry.guest_rates import reading  # noqa: E402
 
 T4 = "00000000:3B:00.0"
 L40S = "00000000:86:00.0"

@@ -8,7 +8,7 @@ import socket
 
 import pytest
 
-from hypervisors import guest_rates, matching
+from hypervisors import matching
 from hypervisors.backends import open_backend, proxmox
 from hypervisors.backends.base import (
     DeviceBusy,
@@ -33,6 +33,7 @@ from hypervisors.testing.pvefake import (
     VM_LIGHT,
     VM_MODEL,
 )
+from telemetry import guest_rates
 
 GPU_A, GPU_B = "00000000:3B:00.0", "00000000:5E:00.0"
 T4_PROFILES = ["T4-1Q", "T4-2Q", "T4-4Q", "T4-8Q", "T4-16Q"]

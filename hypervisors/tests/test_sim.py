@@ -19,8 +19,8 @@ from hypervisors.backends.base import (
     ShutdownTimeout,
     Unreachable,
 )
-from hypervisors.guest_rates import reading
 from hypervisors.tests.fixtures import BUS_A, BUS_B
+from telemetry.guest_rates import reading
 
 
 def test_open_backend_opens_the_file_named_after_the_uri(node, sim_dir):

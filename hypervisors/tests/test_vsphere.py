@@ -14,7 +14,7 @@ from contextlib import contextmanager
 import pytest
 from pyVmomi import vim
 
-from hypervisors import guest_rates, matching
+from hypervisors import matching
 from hypervisors.backends import open_backend, vsphere
 from hypervisors.backends.base import (
     DeviceBusy,
@@ -31,6 +31,7 @@ from hypervisors.backends.base import (
 from hypervisors.backends.vsphere import VsphereBackend, framebuffer_gib, type_name, vsphere_type
 from hypervisors.testing import vcsim as vcsim_harness
 from hypervisors.testing.vcsim import Vcsim
+from telemetry import guest_rates
 
 GPU_A, GPU_B = "00000000:3B:00.0", "00000000:5E:00.0"
 T4_PROFILES = ["T4-1Q", "T4-2Q", "T4-4Q", "T4-8Q", "T4-16Q"]

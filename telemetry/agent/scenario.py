@@ -4,7 +4,8 @@ A scenario describes one host as the sim backend should report it:
 `{"hostname", "timezone"?, "gpus": [{"uuid", "name", "pci_bus_id", "fb_total_mib",
 "virtualization_mode"?, "power_limit_w"?, "max_sm_clock_mhz"?, "scheduler"?,
 "vgpus": [{"vgpu_uuid", "vm_uuid", "vm_name", "type_name", "fb_mib", "workflow", "user_type",
-"mdev_uuid"?}]}]}`. `mdev_uuid`, where given, is reported as the instance's mdev UUID (null without).
+"mdev_uuid"?, "cpu_bound"?}]}]}`. `mdev_uuid`, where given, is reported as the instance's mdev UUID
+(null without). `cpu_bound` true: the VM's work waits on one CPU core, so its GPU stays light.
 `timezone` sets the studio's working hours: an IANA name, "UTC" or "UTC+09:00"; without it
 the agent machine's local time.
 
@@ -68,7 +69,7 @@ def build_scenario(
 
     `gpus` items: {"name", "fb_total_mib", "uuid"?, "pci_bus_id"?, "virtualization_mode"?,
     "power_limit_w"?, "max_sm_clock_mhz"?, "scheduler"?, "vgpus": [{"vm_name", "type_name",
-    "fb_mib", "workflow"?, "user_type"?, "vm_uuid"?, "vgpu_uuid"?, "mdev_uuid"?}]}. Missing identities
+    "fb_mib", "workflow"?, "user_type"?, "vm_uuid"?, "vgpu_uuid"?, "mdev_uuid"?, "cpu_bound"?}]}. Missing identities
     are derived from the hostname, GPU index and VM name (stable across calls); a VM that
     has vGPUs on several GPUs (multi-vGPU) keeps one vm_uuid because it is derived from
     its name. Raises ScenarioError when the result would be inconsistent.
@@ -106,6 +107,7 @@ def _build_gpu(hostname: str, index: int, gpu: Mapping[str, Any]) -> dict[str, A
             "workflow": vgpu.get("workflow") or "other",
             "user_type": vgpu.get("user_type") or "medium",
             **({"mdev_uuid": vgpu["mdev_uuid"]} if vgpu.get("mdev_uuid") else {}),
+            **({"cpu_bound": True} if vgpu.get("cpu_bound") else {}),
         }
         for position, vgpu in enumerate(gpu.get("vgpus", ()))
     ]
@@ -188,6 +190,8 @@ def validate_scenario(data: Any) -> dict[str, Any]:
                 raise ScenarioError(
                     f"{vwhere}.user_type {vgpu.get('user_type')!r} is not one of {', '.join(USER_TYPES)}"
                 )
+            if not isinstance(vgpu.get("cpu_bound", False), bool):
+                raise ScenarioError(f"{vwhere}.cpu_bound must be true, false or absent")
             if vgpu["vgpu_uuid"] in seen_vgpus:
                 raise ScenarioError(f"{vwhere}.vgpu_uuid {vgpu['vgpu_uuid']} is used twice")
             seen_vgpus.add(vgpu["vgpu_uuid"])

@@ -14,6 +14,9 @@ Workload model per vGPU (DESIGN.md: modeling, animation, lighting, idle nights a
   occasional one-minute spikes (tumbling a heavy scene, baking a texture);
 - animation: larger frame buffer (animation cache) and a one-minute playback peak in
   every five minutes;
+- a vGPU marked `cpu_bound` (an animator blocking a shot whose rig evaluates on one CPU
+  core): the viewport waits on the CPU, so the GPU stays light (4-14 %), playback never
+  peaks and the cache holds about half the profile;
 - lighting, rendering, fx: ten-minute heavy bursts (interactive renders) over a moderate
   base, the largest frame buffer use;
 - user_type scales the load: light 0.7x, medium 1x, heavy 1.3x GPU (frame buffer less so).
@@ -46,6 +49,7 @@ from .scheduler_write import SchedulerRefused, holds_vgpus_message, reported_sta
 _LIGHT = "light_steady"
 _ANIMATION = "animation"
 _BURSTS = "bursts"
+_CPU_BOUND = "cpu_bound"
 PATTERN_OF_WORKFLOW = {
     "modeling": _LIGHT,
     "texturing": _LIGHT,
@@ -132,6 +136,9 @@ def _pattern(kind: str, seed: str, t: float) -> tuple[float, float, float]:
             util += 45.0 + 15.0 * _smooth(seed, "play", t, 20)
         fb = 0.6 + 0.2 * _smooth(seed, "fb", t, 3600) + (0.08 if playback else 0.0)
         return util, fb, 0.7
+    if kind == _CPU_BOUND:
+        util = 4.0 + 10.0 * _smooth(seed, "base", t, 300)
+        return util, 0.45 + 0.15 * _smooth(seed, "fb", t, 3600), 0.7
     if kind == _BURSTS:
         burst = _unit(seed, "burst", math.floor(t / 600)) < 0.35
         if burst:
@@ -156,7 +163,8 @@ def simulate_vgpu(vgpu: dict[str, Any], t: float, clock: _Clock) -> dict[str, An
     activity = _activity(seed, clock)
     if activity > 0.0:
         util_factor, fb_factor = USER_TYPE_FACTORS[vgpu.get("user_type", "medium")]
-        util, fb_frac, mem_ratio = _pattern(PATTERN_OF_WORKFLOW[vgpu.get("workflow", "other")], seed, t)
+        kind = _CPU_BOUND if vgpu.get("cpu_bound") else PATTERN_OF_WORKFLOW[vgpu.get("workflow", "other")]
+        util, fb_frac, mem_ratio = _pattern(kind, seed, t)
         util = min(100.0, util * util_factor * activity)
         fb_frac = min(0.97, fb_frac * fb_factor)
         enc = min(100.0, 3.0 + 10.0 * _smooth(seed, "enc", t, 120) + 0.08 * util)
@@ -259,6 +267,7 @@ def following_hypervisor(gpus: list[dict[str, Any]], state_path: str) -> list[di
                 "type_name": type_name.split(" ", 1)[-1] if type_name.startswith(("NVIDIA ", "GRID ")) else type_name,
                 "fb_mib": int(match.group(1)) * 1024 if match else base.get("fb_mib", 1024),
                 "workflow": base.get("workflow", "other"), "user_type": base.get("user_type", "medium"),
+                **({"cpu_bound": True} if base.get("cpu_bound") else {}),
             })
     return [{**gpu, "vgpus": placed.get(gpu["pci_bus_id"].upper(), [])} for gpu in gpus]
 

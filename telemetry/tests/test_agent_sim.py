@@ -7,7 +7,7 @@ import statistics
 
 import pytest
 
-from telemetry.agent.scenario import ScenarioError, build_scenario, poc_scenario
+from telemetry.agent.scenario import ScenarioError, build_scenario, poc_scenario, validate_scenario
 from telemetry.agent.sim_backend import SimBackend
 
 MONDAY = dt.datetime(2026, 1, 5, tzinfo=dt.UTC).timestamp()  # a Monday, 00:00 UTC
@@ -116,6 +116,24 @@ def test_workflows_have_their_own_shape():
     assert statistics.mean(v["util_gpu"] for v in samples["vws-lighting-01"]) > statistics.mean(
         v["util_gpu"] for v in samples["vws-modeling-01"]
     )
+
+
+def test_a_cpu_bound_animators_gpu_stays_light_and_its_playback_never_peaks():
+    """The rig evaluates on one CPU core: the viewport waits on it, so playback never loads the GPU."""
+    seats = [{"vm_name": name, "type_name": "L40S-16Q", "fb_mib": 16384, "workflow": "animation",
+              "user_type": "heavy", **extra} for name, extra in (("ws-anim", {}), ("ws-rig", {"cpu_bound": True}))]
+    scenario = build_scenario("node-07", [{"name": "NVIDIA L40S", "fb_total_mib": 46068, "vgpus": seats}],
+                              timezone="UTC")
+    backend = SimBackend(scenario)
+    days = [backend.collect(t) for t in instants(days=5, step_s=5 * 60) if is_working_hours(t)]
+
+    rig = [vgpu(snapshot, "ws-rig") for snapshot in days]
+    assert max(v["util_gpu"] for v in rig) < 30
+    assert max(vgpu(snapshot, "ws-anim")["util_gpu"] for snapshot in days) > 55  # its playback peaks
+    assert 0.4 * 16384 < statistics.mean(v["fb_used_mib"] for v in rig) < 0.7 * 16384
+    scenario["gpus"][0]["vgpus"][1]["cpu_bound"] = "yes"
+    with pytest.raises(ScenarioError, match="cpu_bound must be true, false or absent"):
+        validate_scenario(scenario)
 
 
 def test_active_vm_has_a_remoting_session_and_idle_vm_none():

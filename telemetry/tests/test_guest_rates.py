@@ -1,7 +1,6 @@
-"""Guest CPU and memory figures from two readings of a hypervisor's counters (hypervisors/guest_rates.py)."""
+"""Guest CPU and memory figures from two readings of a hypervisor's counters (telemetry/guest_rates.py)."""
 
-from hypervisors.backends.base import GuestCounters
-from hypervisors.guest_rates import reading
+from telemetry.guest_rates import GuestCounters, reading
 
 UUID = "11111111-1111-4111-8111-111111111111"
 S = 1_000_000_000
