@@ -370,10 +370,13 @@ def approve(request: ResizeRequest, admin, comment: str = "", *, run_now: bool =
         raise
 
 
+#: What `vgpu_rows` keeps of a vGPU.
+VGPU_ROW = ("gpu_id", "profile_id", "placement_id", "device_id")
+
+
 def vgpu_rows(vm_id: int) -> list[dict]:
     """The VM's vGPUs as plain values (what an operation keeps to put them back)."""
-    return list(Vgpu.objects.filter(vm_id=vm_id).order_by("pk").values(
-        "gpu_id", "profile_id", "placement_id", "device_id"))
+    return list(Vgpu.objects.filter(vm_id=vm_id).order_by("pk").values(*VGPU_ROW))
 
 
 def mark_applied(request: ResizeRequest, note: str = "") -> ResizeRequest:
@@ -395,8 +398,9 @@ def mark_applied(request: ResizeRequest, note: str = "") -> ResizeRequest:
 def revert_approval(request: ResizeRequest, before: list[dict], reason: str,
                     size: tuple[int, int] | None = None) -> ResizeRequest:
     """The operation carrying out `request` failed and undid its work on the hypervisor: put the
-    VM's vCPUs and RAM back to `size` (when given) and its vGPUs as `before` lists them (through
-    placement, as any change; left alone when the request kept them), mark the request FAILED
+    VM's vCPUs and RAM back to `size` (when given and the request changed them) and its vGPUs as
+    `before` lists them (through placement, as any change; left alone when they are as `before`
+    lists them, as after a change of size alone), mark the request FAILED
     with `reason`, and tell the artist. FleetConflict when the old vGPUs no longer fit (the
     reason then says so, and the inventory keeps the approved state for the admin to fix)."""
     with transaction.atomic():
@@ -406,9 +410,9 @@ def revert_approval(request: ResizeRequest, before: list[dict], reason: str,
         with audit.because(f"resize request #{locked.pk} failed to apply"):
             # The size first: the hypervisor holds the old definition again, and the old vGPUs
             # are checked against their host with the VM at the size it has there.
-            if size is not None:
+            if size is not None and locked.changes_size:
                 set_size(locked.vm_id, *size)
-            if vgpu_rows(locked.vm_id) != before:
+            if vgpu_rows(locked.vm_id) != [{key: row.get(key) for key in VGPU_ROW} for row in before]:
                 restore_vgpus(locked.vm, before)
         previous = audit.snapshot(locked)
         locked.status, locked.last_error = ResizeStatus.FAILED, reason[:2000]

@@ -173,7 +173,8 @@ def create(vm: VirtualMachine, source: Host, target: Host, *, before: list[dict]
             args = {**next(created), "device_id": str(uuidlib.uuid4())}
         steps.append(OperationStep(operation=operation, index=index, kind=step_kind, args=args))
     OperationStep.objects.bulk_create(steps)
-    gpu_ids = {row["gpu_id"] for row in vgpus_before} | {row["gpu_id"] for row in vgpus_after}
+    # A change of size alone leaves the GPUs as they are: the VM's claim is all it needs.
+    gpu_ids = set() if vgpus_kept else {row["gpu_id"] for row in vgpus_before} | {row["gpu_id"] for row in vgpus_after}
     if batch:
         # The batch holds a GPU once, under the first of its operations that touches it.
         gpu_ids -= set(OperationClaim.objects.filter(active=True, gpu__isnull=False, operation__after__batch=batch)

@@ -95,12 +95,13 @@ def request_review(request, pk: int):
 @login_required
 def request_room(request, pk: int):
     """The queue's lazy fragment for a request that fits nowhere as the fleet stands: whether
-    it fits if other VMs move (how many, which), with the optimizer run one click away."""
+    it fits if other VMs move (how many, which), with the optimizer run one click away. Not for
+    a request that changes the VM's vCPUs or RAM: the optimizer places vGPUs of VMs as they are."""
     if not is_fleet_admin(request.user):
         raise PermissionDenied
     obj = get_object_or_404(ResizeRequest, pk=pk)
     answer = None
-    if obj.status == ResizeStatus.PENDING:
+    if obj.status == ResizeStatus.PENDING and not obj.changes_size:
         answer = room.room_for(obj.vm_id, obj.requested_profile_id, obj.requested_vgpus)
     return render(request, "fleet/partials/request_room.html", {"r": obj, "room": answer})
 

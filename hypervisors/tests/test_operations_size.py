@@ -16,7 +16,7 @@ from fleet.tests.factories import profile
 from hypervisors import operations
 from hypervisors.backends.base import PowerState
 from hypervisors.choices import OperationStatus
-from hypervisors.models import Operation
+from hypervisors.models import Operation, OperationClaim
 from hypervisors.tests.worlds import OLD_DEVICE, host_view
 
 pytestmark = pytest.mark.django_db
@@ -41,6 +41,9 @@ def test_a_size_change_alone_redefines_the_vm_with_its_own_device_and_the_new_si
                                                                    "verify"]
     assert (operation.before["vcpus"], operation.before["ram_mib"]) == (8, 32 * 1024)
     assert (operation.after["vcpus"], operation.after["ram_mib"]) == (16, 64 * 1024)
+    # Its GPU is not held: another VM's change on it may go on meanwhile.
+    assert list(OperationClaim.objects.filter(operation=operation).values_list("vm_id", "gpu_id")) == [
+        (ana_linked.vm.pk, None)]
 
     done = operations.run(operation.pk)
 
@@ -72,6 +75,7 @@ def test_a_vgpu_and_a_size_change_are_one_operation(ana_linked):
 def test_a_failed_size_change_puts_the_old_size_back_on_the_host_and_in_the_inventory(ana_linked, settings):
     settings.HYPERVISOR_SHUTDOWN_TIMEOUT_S = 0.3
     host_view().set_ignore_acpi(str(ana_linked.vm.uuid))
+    vgpu_pk = Vgpu.objects.get(vm=ana_linked.vm).pk
     request = _refile(ana_linked, requested_vcpus=4)
     operation = _approve(ana_linked, request)
     assert VirtualMachine.objects.get(pk=ana_linked.vm.pk).vcpus == 4  # reserved in the inventory meanwhile
@@ -83,7 +87,8 @@ def test_a_failed_size_change_puts_the_old_size_back_on_the_host_and_in_the_inve
     assert (domain.vcpus, domain.state, [d.id for d in domain.vgpus]) == (8, PowerState.RUNNING, [OLD_DEVICE])
     vm = VirtualMachine.objects.get(pk=ana_linked.vm.pk)
     assert (vm.vcpus, vm.ram_gib) == (8, 32)
-    assert Vgpu.objects.get(vm=vm).device_id == OLD_DEVICE
+    # The vGPU was never touched: the same row, with its device.
+    assert list(Vgpu.objects.filter(vm=vm).values_list("pk", "device_id")) == [(vgpu_pk, OLD_DEVICE)]
     failed = ResizeRequest.objects.get(pk=request.pk)
     assert failed.status == ResizeStatus.FAILED
     back = AuditEvent.objects.filter(action="vm.update", object_id=str(vm.pk)).order_by("pk").last()
