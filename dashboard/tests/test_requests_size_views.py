@@ -56,6 +56,7 @@ def test_artist_files_a_ram_change_for_own_vm_and_the_admin_approves_it(fleet_wo
     review = _text(admin.get(f"/requests/{request.pk}/review/"))
     assert "8 -> 4 vCPUs, 32 -> 16 GiB" in review
     assert "1 × RTX6000-12Q, 8 vCPUs, 32 GiB → 1 × RTX6000-12Q, 4 vCPUs, 16 GiB" in review
+    assert "its vCPUs and RAM change while it is powered off" in review
 
     done = _text(_approve(admin, request))
 
