@@ -41,7 +41,7 @@ KINDS: dict[str, Kind] = {
     "artist": Kind(lambda: Artist, lambda artist: artist.name, lambda pk: reverse("fleet:artist-detail", args=[pk])),
     "resize_request": Kind(lambda: ResizeRequest,
                            lambda r: f"Request #{r.pk}: {r.vm.name} to {r.requested_vgpus} × "
-                                     f"{r.requested_profile.name}",
+                                     f"{r.requested_profile.name}" + (f", {r.size_change}" if r.changes_size else ""),
                            lambda pk: reverse("fleet:requests"), ("vm", "requested_profile")),
     "operation": Kind(lambda: Operation, lambda op: f"Operation #{op.pk}: {op.get_kind_display().lower()} {op.vm.name}",
                       lambda pk: reverse("hypervisors:operation-detail", args=[pk]), ("vm",)),

@@ -306,6 +306,32 @@ def resize_impact(snapshot: FleetSnapshot, vm_id: int, profile: ProfileSpec, vgp
     return ImpactCalculator(snapshot).impact(vm_id, profile, vgpus)
 
 
+def resized(snapshot: FleetSnapshot, vm_id: int, vcpus: int, ram_gib: int) -> FleetSnapshot:
+    """`snapshot` with VM `vm_id` at `vcpus` and `ram_gib`, its host's claims following: a resize
+    that also changes the VM's vCPUs or RAM is judged by the size it will have, on any host."""
+    vm = snapshot.vms[vm_id]
+    if (vm.vcpus, vm.ram_gib) == (vcpus, ram_gib):
+        return snapshot
+    hosts = dict(snapshot.hosts)
+    if vm.host_id in hosts:
+        host = hosts[vm.host_id]
+        hosts[vm.host_id] = replace(host, allocated_vcpus=host.allocated_vcpus - vm.vcpus + vcpus,
+                                    allocated_ram_gib=host.allocated_ram_gib - vm.ram_gib + ram_gib)
+    return replace(snapshot, hosts=hosts, vms={**snapshot.vms, vm_id: replace(vm, vcpus=vcpus, ram_gib=ram_gib)})
+
+
+def size_refusals(snapshot: FleetSnapshot, vm_id: int, host_id: int, vcpus: int,
+                  ram_gib: int) -> list[placement.Violation]:
+    """Why host `host_id` cannot give VM `vm_id` `vcpus` and `ram_gib` beside its other VMs
+    (empty when it can): `placement.check_vm_fits_host`, with the VM's own claim on the host
+    left out (the snapshot counts every VM recorded on a host)."""
+    vm, host = snapshot.vms[vm_id], snapshot.hosts[host_id]
+    if vm.host_id == host_id:
+        host = replace(host, allocated_vcpus=host.allocated_vcpus - vm.vcpus,
+                       allocated_ram_gib=host.allocated_ram_gib - vm.ram_gib)
+    return placement.check_vm_fits_host(vm.name, vcpus, ram_gib, host)
+
+
 def _without_vm(gpu: GpuState, vm_id: int) -> GpuState:
     return replace(gpu, vgpus=tuple(v for v in gpu.vgpus if v.vm_id != vm_id))
 

@@ -382,6 +382,22 @@ class ResizeRequest(models.Model):
     last_error = models.TextField(
         blank=True, help_text="Why the last approval could not be applied (the request stays pending)",
     )
+    current_vcpus = models.PositiveIntegerField(
+        null=True, blank=True, help_text="The VM's vCPUs when the request was filed",
+    )
+    current_ram_gib = models.PositiveIntegerField(
+        null=True, blank=True, help_text="The VM's RAM (GiB) when the request was filed",
+    )
+    requested_vcpus = models.PositiveIntegerField(
+        "vCPUs", null=True, blank=True,
+        validators=[MinValueValidator(1), MaxValueValidator(placement.MAX_VCPUS_PER_VM)],
+        help_text="The vCPUs the VM should have; empty: unchanged",
+    )
+    requested_ram_gib = models.PositiveIntegerField(
+        "RAM, GiB", null=True, blank=True,
+        validators=[MinValueValidator(1), MaxValueValidator(placement.MAX_RAM_GIB_PER_VM)],
+        help_text="The RAM (GiB) the VM should have; empty: unchanged",
+    )
 
     class Meta:
         ordering = ["-created_at", "-id"]
@@ -391,6 +407,16 @@ class ResizeRequest(models.Model):
                 condition=Q(requested_vgpus__gte=1) & Q(requested_vgpus__lte=placement.MAX_VGPUS_PER_VM),
                 name="resizerequest_vgpus_range",
             ),
+            models.CheckConstraint(
+                condition=Q(requested_vcpus__isnull=True) | (
+                    Q(requested_vcpus__gte=1) & Q(requested_vcpus__lte=placement.MAX_VCPUS_PER_VM)),
+                name="resizerequest_vcpus_range",
+            ),
+            models.CheckConstraint(
+                condition=Q(requested_ram_gib__isnull=True) | (
+                    Q(requested_ram_gib__gte=1) & Q(requested_ram_gib__lte=placement.MAX_RAM_GIB_PER_VM)),
+                name="resizerequest_ram_range",
+            ),
         ]
         indexes = [models.Index(fields=["status", "created_at"], name="resizerequest_status_idx")]
 
@@ -398,6 +424,31 @@ class ResizeRequest(models.Model):
 
     def __str__(self):
         return f"{self.vm.name} -> {self.requested_profile.name} ({self.get_status_display()})"
+
+    @property
+    def changes_vgpus(self) -> bool:
+        """Whether the request asks for another profile or number of vGPUs than the VM held when
+        it was filed (False for a change of vCPUs or RAM alone)."""
+        return (self.requested_profile_id, self.requested_vgpus) != (self.current_profile_id, self.current_vgpus)
+
+    @property
+    def changes_size(self) -> bool:
+        """Whether the request asks for other vCPUs or RAM (the vGPUs may change besides)."""
+        return self.requested_vcpus is not None or self.requested_ram_gib is not None
+
+    @property
+    def size_change(self) -> str:
+        """The vCPU and RAM change in words, e.g. "8 -> 4 vCPUs, 32 -> 16 GiB" ("" when they stay)."""
+        parts = []
+        if self.requested_vcpus is not None:
+            parts.append(f"{_or_unknown(self.current_vcpus)} -> {self.requested_vcpus} vCPUs")
+        if self.requested_ram_gib is not None:
+            parts.append(f"{_or_unknown(self.current_ram_gib)} -> {self.requested_ram_gib} GiB")
+        return ", ".join(parts)
+
+
+def _or_unknown(value) -> str:
+    return "?" if value is None else str(value)
 
 
 class Notification(models.Model):

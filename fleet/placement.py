@@ -23,6 +23,10 @@ from config.errors import Refusal
 
 PLACEMENT_GRID = 32
 MAX_VGPUS_PER_VM = 4
+#: The largest VM a resize request may ask for: vSphere 8's per-VM maximums (768 vCPUs, 24 TiB),
+#: the highest of the hypervisors the product drives; the host's capacity is the real bound.
+MAX_VCPUS_PER_VM = 768
+MAX_RAM_GIB_PER_VM = 24 * 1024
 
 
 class Rule:

@@ -88,6 +88,10 @@ WHY = {
 }
 
 
+#: Why a change of vCPUs or RAM alone stops the VM: the operation redefines it while powered off.
+RESIZED = "its vCPUs and RAM change; it keeps its vGPUs"
+
+
 def _digest(parts: list[str]) -> str:
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:32]
 
@@ -98,13 +102,18 @@ def preview(request: ResizeRequest) -> Preview:
     from_places = tuple(dict.fromkeys(Place(v.gpu.host.name, v.gpu.label) for v in held))
     before = f"{len(held)} × {held[0].profile.name}" if held else "no vGPU"
     after = f"{request.requested_vgpus} × {request.requested_profile.name}"
+    kept = resize_requests.keeps_vgpus(request, [v.profile_id for v in held])
+    if request.changes_size:
+        vm = request.vm
+        before += f", {vm.vcpus} vCPUs, {vm.ram_gib} GiB"
+        after += ", {} vCPUs, {} GiB".format(*resize_requests.size_of(request, vm))
     if request.status != ResizeStatus.PENDING:
         refusal, where, to_places = f"The request is {request.get_status_display().lower()} already.", "", ()
     else:
         where, to_places, refusal = _destination(request)
     changes = () if refusal else (VmChange(
         vm_id=request.vm_id, vm=request.vm.name, before=before, after=after, from_places=from_places,
-        to_places=to_places, shutdown=True, why=WHY.get(where, "its vGPUs change"),
+        to_places=to_places, shutdown=True, why=RESIZED if kept else WHY.get(where, "its vGPUs change"),
     ),)
     # The GPUs involved, as they are now: a vGPU placed on or removed from any of them since the
     # admin looked changes the fingerprint even where the answer happens to stay the same.
@@ -113,6 +122,7 @@ def preview(request: ResizeRequest) -> Preview:
         gpu_ids.update(Gpu.objects.filter(host__name=place.host, pci_bus_id=place.gpu).values_list("pk", flat=True))
     occupancy = Vgpu.objects.filter(gpu_id__in=gpu_ids).order_by("gpu_id", "pk").values_list(
         "gpu_id", "pk", "vm_id", "profile_id")
-    parts = [f"request {request.pk} {request.status} {request.requested_profile_id} {request.requested_vgpus}",
+    parts = [f"request {request.pk} {request.status} {request.requested_profile_id} {request.requested_vgpus} "
+             f"{request.requested_vcpus} {request.requested_ram_gib}",
              f"refusal {refusal}", *(repr(change) for change in changes), *(repr(row) for row in occupancy)]
     return Preview(request_id=request.pk, changes=changes, refusal=refusal, fingerprint=_digest(parts))

@@ -87,12 +87,19 @@ def several_vgpus_refusal(profile: VgpuProfile, model, vgpus: int) -> str:
 
 
 REASON_REQUIRED = "Say why the VM needs the change (the scenes, the deadline): the admin decides on it."
+NOTHING_CHANGES = ("The VM already has this profile and number of vGPUs; ask for another profile, another number "
+                   "of vGPUs, or other vCPUs or RAM.")
+BAD_VCPUS = f"A VM has 1 to {placement.MAX_VCPUS_PER_VM} vCPUs."
+BAD_RAM = f"A VM has 1 to {placement.MAX_RAM_GIB_PER_VM} GiB of RAM."
 COMMENT_REQUIRED = "Give a reason for the rejection: the artist reads it in the notification."
 
 
 def validate(vm: VirtualMachine, user, profile: VgpuProfile, vgpus: int, wished_from=None, wished_until=None,
-             reason: str = "") -> None:
-    """Raise RequestError when the request may not be filed (the messages the form and the API show)."""
+             reason: str = "", vcpus: int | None = None, ram_gib: int | None = None) -> None:
+    """Raise RequestError when the request may not be filed (the messages the form and the API show).
+
+    `vcpus` and `ram_gib` None keep the VM's; whether the host can give more is approval's
+    question (as whether a GPU has room is), asked of the fleet as it is then."""
     errors: dict[str, str] = {}
     if not is_fleet_admin(user) and getattr(getattr(vm, "artist", None), "user_id", None) != user.pk:
         raise PermissionError("You may only request changes for your own workstation.")
@@ -108,8 +115,17 @@ def validate(vm: VirtualMachine, user, profile: VgpuProfile, vgpus: int, wished_
         errors["requested_vgpus"] = f"{profile.name} allows at most {profile.max_per_vm} vGPU(s) per VM."
     elif refusal := several_vgpus_refusal(profile, profile.gpu_model, vgpus):
         errors["requested_vgpus"] = refusal
-    if current is not None and profile.pk == current.pk and vgpus == count:
-        errors["requested_profile"] = "The VM already has this profile and number of vGPUs."
+    if vcpus is not None and not 1 <= vcpus <= placement.MAX_VCPUS_PER_VM:
+        errors["requested_vcpus"] = BAD_VCPUS
+    if ram_gib is not None and not 1 <= ram_gib <= placement.MAX_RAM_GIB_PER_VM:
+        errors["requested_ram_gib"] = BAD_RAM
+    same_size = vcpus in (None, vm.vcpus) and ram_gib in (None, vm.ram_gib)
+    if current is not None and profile.pk == current.pk and vgpus == count and same_size:
+        errors["requested_profile"] = NOTHING_CHANGES
+        if vcpus is not None:
+            errors["requested_vcpus"] = f"{vm.name} has {vcpus} vCPUs already."
+        if ram_gib is not None:
+            errors["requested_ram_gib"] = f"{vm.name} has {ram_gib} GiB of RAM already."
     if wished_from and wished_until and wished_until <= wished_from:
         errors["wished_until"] = "The wished window must end after it starts."
     if not reason.strip():
@@ -122,19 +138,31 @@ def validate(vm: VirtualMachine, user, profile: VgpuProfile, vgpus: int, wished_
         raise RequestError(errors)
 
 
-def file_request(vm: VirtualMachine, user, requested_profile: VgpuProfile, requested_vgpus: int = 1,
-                 reason: str = "", wished_from=None, wished_until=None, *, comment: str = "") -> ResizeRequest:
+def file_request(vm: VirtualMachine, user, requested_profile: VgpuProfile | None, requested_vgpus: int | None = 1,
+                 reason: str = "", wished_from=None, wished_until=None, *, requested_vcpus: int | None = None,
+                 requested_ram_gib: int | None = None, comment: str = "") -> ResizeRequest:
     """File a pending request for `vm` and tell the admins: the one way a request is filed (the
     artist's form, the API, an admin accepting a right-sizing suggestion). `comment` goes on the
-    audit event (e.g. which suggestion it came from)."""
+    audit event (e.g. which suggestion it came from).
+
+    `requested_profile` None keeps the VM's profile, `requested_vgpus` None its number of vGPUs
+    (a change of vCPUs or RAM alone); `requested_vcpus` or `requested_ram_gib` equal to what
+    the VM has are recorded as unchanged."""
     with transaction.atomic():
         vm = locks.lock_for_change(vms=[vm]).vms[vm.pk]
-        validate(vm, user, requested_profile, requested_vgpus, wished_from, wished_until, reason)
         current, count = current_vgpus(vm)
+        if requested_profile is None and current is None:
+            raise RequestError({"requested_profile": f"Choose a target profile: {vm.name} holds no vGPU."})
+        requested_profile = requested_profile or current
+        requested_vgpus = count if requested_vgpus is None else requested_vgpus
+        validate(vm, user, requested_profile, requested_vgpus, wished_from, wished_until, reason,
+                 requested_vcpus, requested_ram_gib)
         request = ResizeRequest.objects.create(
             vm=vm, current_profile=current, current_vgpus=count, requested_profile=requested_profile,
             requested_vgpus=requested_vgpus, reason=reason.strip(), requested_by=user,
-            wished_from=wished_from, wished_until=wished_until,
+            wished_from=wished_from, wished_until=wished_until, current_vcpus=vm.vcpus, current_ram_gib=vm.ram_gib,
+            requested_vcpus=None if requested_vcpus == vm.vcpus else requested_vcpus,
+            requested_ram_gib=None if requested_ram_gib == vm.ram_gib else requested_ram_gib,
         )
         audit.record("resize_request.file", request, after=audit.snapshot(request), comment=comment)
         # Every admin sees it in the app; those with an address also get the e-mail (`_notify`).
@@ -144,13 +172,59 @@ def file_request(vm: VirtualMachine, user, requested_profile: VgpuProfile, reque
 
 
 def describe(request: ResizeRequest) -> str:
-    return f"{request.requested_vgpus} x {request.requested_profile.name}"
+    """What the request asks, e.g. "1 x RTX6000-24Q", "8 -> 4 vCPUs, 32 -> 16 GiB" or both."""
+    vgpus = f"{request.requested_vgpus} x {request.requested_profile.name}"
+    if not request.changes_size:
+        return vgpus
+    return f"{vgpus}, {request.size_change}" if request.changes_vgpus else request.size_change
+
+
+def keeps_vgpus(request: ResizeRequest, profile_ids: list[int]) -> bool:
+    """Whether `request` leaves alone a VM whose vGPUs have profiles `profile_ids` (a change of
+    vCPUs or RAM alone): approval then keeps them where they are rather than placing them again."""
+    return (bool(profile_ids) and len(profile_ids) == request.requested_vgpus
+            and all(profile_id == request.requested_profile_id for profile_id in profile_ids))
+
+
+def size_of(request: ResizeRequest, vm) -> tuple[int, int]:
+    """The vCPUs and RAM (GiB) the VM `vm` (a VirtualMachine or a VmState) has once `request` applies."""
+    return (vm.vcpus if request.requested_vcpus is None else request.requested_vcpus,
+            vm.ram_gib if request.requested_ram_gib is None else request.requested_ram_gib)
 
 
 def _impact(snapshot: FleetSnapshot, request: ResizeRequest) -> fit.Impact:
-    """The one answer to where `request` goes (`fleet.fit`), asked by the queue, the API and approval."""
+    """The one answer to where `request` goes (`fleet.fit`), asked by the queue, the API and approval;
+    a VM whose vCPUs or RAM change is judged at its new size."""
     profile = snapshot.profiles[request.requested_profile_id]
+    snapshot = fit.resized(snapshot, request.vm_id, *size_of(request, snapshot.vms[request.vm_id]))
     return fit.ImpactCalculator(snapshot).impact(request.vm_id, profile, request.requested_vgpus)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What approving a request does on the fleet of a snapshot: `impact` (None when the VM keeps
+    its vGPUs), the host it ends on, and `violations`, why it cannot be applied (empty when it can)."""
+
+    impact: fit.Impact | None
+    host_id: int | None
+    violations: tuple[Violation, ...] = ()
+
+
+def plan(snapshot: FleetSnapshot, request: ResizeRequest) -> Plan:
+    """Where `request` goes and whether its host can give the VM's new vCPUs and RAM: the one
+    answer the queue shows and approval follows."""
+    vm = snapshot.vms[request.vm_id]
+    impact, host_id = None, vm.host_id
+    if not keeps_vgpus(request, [v.profile.id for v in vm.vgpus]):
+        impact = _impact(snapshot, request)
+        if impact.fits == fit.NOWHERE:
+            return Plan(impact, None, (Violation(placement.Rule.PLACEMENT_SLOT, _no_room(request, impact)),))
+        host_id = impact.host_id
+    if request.changes_size and host_id is not None:
+        refused = fit.size_refusals(snapshot, request.vm_id, host_id, *size_of(request, vm))
+        if refused:
+            return Plan(impact, host_id, tuple(refused))
+    return Plan(impact, host_id)
 
 
 def _no_room(request: ResizeRequest, impact: fit.Impact) -> str:
@@ -159,17 +233,37 @@ def _no_room(request: ResizeRequest, impact: fit.Impact) -> str:
                      "Free capacity or reject the request."])
 
 
-def _place_all(request: ResizeRequest) -> list[Vgpu]:
-    """Remove the VM's vGPUs and place the requested ones where `fleet.fit` says, on a snapshot
-    read under `_lock_for_approval`'s locks (so it is the fleet the writes meet); FleetConflict
-    when it fits nowhere.
+def _place_all(request: ResizeRequest) -> tuple[list[Vgpu], bool]:
+    """Give the VM its new vCPUs and RAM, then remove its vGPUs and place the requested ones where
+    `fleet.fit` says (or keep them, when only its size changes), on a snapshot read under
+    `_lock_for_approval`'s locks (so it is the fleet the writes meet); FleetConflict when it fits
+    nowhere or its host cannot give the size. Returns the VM's vGPUs and whether they were kept.
 
-    Call it with those locks held: it locks nothing they do not cover.
+    The size is written first so that `fleet.services` checks each vGPU it places against the
+    host with the VM at its new size. Call it with those locks held: it locks nothing they do not cover.
     """
-    impact = _impact(fleet_snapshot(), request)
-    if impact.fits == fit.NOWHERE:
-        raise services.FleetConflict([Violation(placement.Rule.PLACEMENT_SLOT, _no_room(request, impact))])
-    return _replace_vgpus(request.vm_id, [(gpu_id, request.requested_profile_id, "") for gpu_id in impact.gpu_ids])
+    planned = plan(fleet_snapshot(), request)
+    if planned.violations:
+        raise services.FleetConflict(list(planned.violations))
+    if request.changes_size:
+        set_size(request.vm_id, *size_of(request, VirtualMachine.objects.get(pk=request.vm_id)))
+    if planned.impact is None:
+        return list(Vgpu.objects.filter(vm_id=request.vm_id).select_related("gpu", "profile").order_by("pk")), True
+    return _replace_vgpus(request.vm_id,
+                          [(gpu_id, request.requested_profile_id, "") for gpu_id in planned.impact.gpu_ids]), False
+
+
+def set_size(vm_id: int, vcpus: int, ram_gib: int) -> None:
+    """Write the VM's vCPUs and RAM with a "vm.update" event of both, before and after. Unchecked:
+    approval checked them against the host (`plan`), and a rollback puts back what the hypervisor
+    holds again. Call it with the VM's row locked."""
+    vm = VirtualMachine.objects.get(pk=vm_id)
+    before = audit.snapshot(vm)
+    if (vm.vcpus, vm.ram_gib) == (vcpus, ram_gib):
+        return
+    vm.vcpus, vm.ram_gib = vcpus, ram_gib
+    vm.save(update_fields=["vcpus", "ram_gib"])
+    audit.record("vm.update", vm, before=before, after=audit.snapshot(vm), object_type="vm")
 
 
 def _replace_vgpus(vm_id: int, placements: list[tuple[int, int, str]]) -> list[Vgpu]:
@@ -250,10 +344,12 @@ def approve(request: ResizeRequest, admin, comment: str = "", *, run_now: bool =
             locked = _lock_for_approval(request, touched)
             before = audit.snapshot(locked)
             held = vgpu_rows(locked.vm_id)
+            size_before = VirtualMachine.objects.filter(pk=locked.vm_id).values("vcpus", "ram_gib").get()
             with audit.because(f"resize request #{locked.pk}"):
-                placed = _place_all(locked)
+                placed, kept = _place_all(locked)
             carried = [answer for _, answer in signals.change_approved.send(
-                sender=ResizeRequest, request=locked, before=held, placed=placed, actor=admin, run_now=run_now)
+                sender=ResizeRequest, request=locked, before=held, placed=placed, actor=admin, run_now=run_now,
+                size_before=size_before, vgpus_kept=kept)
                 if answer]
             locked.status = ResizeStatus.APPLYING if carried else ResizeStatus.APPROVED
             locked.decided_by, locked.decided_at = admin, timezone.now()
@@ -274,10 +370,13 @@ def approve(request: ResizeRequest, admin, comment: str = "", *, run_now: bool =
         raise
 
 
+#: What `vgpu_rows` keeps of a vGPU.
+VGPU_ROW = ("gpu_id", "profile_id", "placement_id", "device_id")
+
+
 def vgpu_rows(vm_id: int) -> list[dict]:
     """The VM's vGPUs as plain values (what an operation keeps to put them back)."""
-    return list(Vgpu.objects.filter(vm_id=vm_id).order_by("pk").values(
-        "gpu_id", "profile_id", "placement_id", "device_id"))
+    return list(Vgpu.objects.filter(vm_id=vm_id).order_by("pk").values(*VGPU_ROW))
 
 
 def mark_applied(request: ResizeRequest, note: str = "") -> ResizeRequest:
@@ -296,17 +395,25 @@ def mark_applied(request: ResizeRequest, note: str = "") -> ResizeRequest:
         return locked
 
 
-def revert_approval(request: ResizeRequest, before: list[dict], reason: str) -> ResizeRequest:
+def revert_approval(request: ResizeRequest, before: list[dict], reason: str,
+                    size: tuple[int, int] | None = None) -> ResizeRequest:
     """The operation carrying out `request` failed and undid its work on the hypervisor: put the
-    VM's vGPUs back as `before` lists them (through placement, as any change), mark the request
-    FAILED with `reason`, and tell the artist. FleetConflict when the old vGPUs no longer fit
-    (the reason then says so, and the inventory keeps the approved state for the admin to fix)."""
+    VM's vCPUs and RAM back to `size` (when given and the request changed them) and its vGPUs as
+    `before` lists them (through placement, as any change; left alone when they are as `before`
+    lists them, as after a change of size alone), mark the request FAILED
+    with `reason`, and tell the artist. FleetConflict when the old vGPUs no longer fit (the
+    reason then says so, and the inventory keeps the approved state for the admin to fix)."""
     with transaction.atomic():
         locked = locks.lock_for_change(requests=[request]).requests[request.pk]
         if locked.status != ResizeStatus.APPLYING:
             return locked
         with audit.because(f"resize request #{locked.pk} failed to apply"):
-            restore_vgpus(locked.vm, before)
+            # The size first: the hypervisor holds the old definition again, and the old vGPUs
+            # are checked against their host with the VM at the size it has there.
+            if size is not None and locked.changes_size:
+                set_size(locked.vm_id, *size)
+            if vgpu_rows(locked.vm_id) != [{key: row.get(key) for key in VGPU_ROW} for row in before]:
+                restore_vgpus(locked.vm, before)
         previous = audit.snapshot(locked)
         locked.status, locked.last_error = ResizeStatus.FAILED, reason[:2000]
         locked.save(update_fields=["status", "last_error", "updated_at"])
@@ -385,10 +492,16 @@ def fit_of(request: ResizeRequest, snapshot: FleetSnapshot) -> Fit:
         return Fit("n/a")
     if request.vm_id not in snapshot.vms or request.requested_profile_id not in snapshot.profiles:
         return Fit("nowhere", reason="The VM or the profile was deleted meanwhile.")
-    impact = _impact(snapshot, request)
-    if impact.fits == fit.NOWHERE:
-        return Fit("nowhere", reason=_no_room(request, impact), detail=impact.detail)
-    return _fit(snapshot, request.vm_id, impact)
+    planned = plan(snapshot, request)
+    if planned.violations:
+        return Fit("nowhere", reason=" ".join(str(v).rstrip(".") + "." for v in planned.violations),
+                   detail=planned.impact.detail if planned.impact else "")
+    if planned.impact is None:
+        vm = snapshot.vms[request.vm_id]
+        labels = tuple(sorted({snapshot.gpus[v.gpu_id].label for v in vm.vgpus}))
+        host = snapshot.hosts[vm.host_id].name if vm.host_id in snapshot.hosts else ""
+        return Fit("same_gpu", labels, host, detail=f"Its vGPUs stay; host {host} has room for {request.size_change}")
+    return _fit(snapshot, request.vm_id, planned.impact)
 
 
 def choice_fits(vm: VirtualMachine, choices, snapshot: FleetSnapshot) -> list[Fit]:

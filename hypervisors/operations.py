@@ -79,11 +79,13 @@ def linked(host: Host | None) -> bool:
 
 
 def on_change_approved(sender, request: ResizeRequest, before: list[dict], placed: list[Vgpu], actor=None,
-                       run_now: bool = False, **kwargs) -> str | None:
+                       run_now: bool = False, size_before: dict | None = None, vgpus_kept: bool = False,
+                       **kwargs) -> str | None:
     """Receiver of `fleet.signals.change_approved`: an Operation for a VM whose host is linked,
     and what the artist is told about it; None (nothing to carry out) when neither host is."""
     operation = create_for_placement(request.vm_id, before, placed, request=request, actor=actor, run_now=run_now,
-                                     not_before=request.wished_from, not_after=request.wished_until)
+                                     not_before=request.wished_from, not_after=request.wished_until,
+                                     size_before=size_before, vgpus_kept=vgpus_kept)
     if operation is None:
         return None
     vm = operation.vm
@@ -98,10 +100,13 @@ def on_change_approved(sender, request: ResizeRequest, before: list[dict], place
 def create_for_placement(vm_id: int, before: list[dict], placed: list[Vgpu], *, request: ResizeRequest | None = None,
                          actor=None, run_now: bool = False, not_before=None, not_after=None,
                          kind: str = OperationKind.RESIZE, origin: str = "", batch: str = "",
-                         batch_index: int = 0) -> Operation | None:
+                         batch_index: int = 0, size_before: dict | None = None,
+                         vgpus_kept: bool = False) -> Operation | None:
     """The operation that makes the hypervisor follow a change the inventory already shows: the
-    VM's vGPUs were `before` (rows of `fleet.requests.vgpu_rows`) and are now `placed`. None when
-    neither the VM's old host nor its new one is linked (the inventory is all there is).
+    VM's vGPUs were `before` (rows of `fleet.requests.vgpu_rows`) and are now `placed`, its vCPUs
+    and RAM were `size_before` ({"vcpus", "ram_gib"}; None: unchanged) and are now the VM's;
+    `vgpus_kept`: the vGPUs were left as they were (a change of size alone). None when neither
+    the VM's old host nor its new one is linked (the inventory is all there is).
 
     Without a request (an optimizer plan's move), a rollback puts the inventory back from
     `before` itself. `batch` names operations that carry out one plan: they run one at a time in
@@ -124,33 +129,41 @@ def create_for_placement(vm_id: int, before: list[dict], placed: list[Vgpu], *, 
                                  Rule.VM_HOST)
     return create(vm, source, target, before=before, placed=placed, gpus=gpus, request=request, actor=actor,
                   not_before=not_before, not_after=not_after, run_now=run_now, kind=kind, origin=origin,
-                  batch=batch, batch_index=batch_index)
+                  batch=batch, batch_index=batch_index, size_before=size_before, vgpus_kept=vgpus_kept)
 
 
 def create(vm: VirtualMachine, source: Host, target: Host, *, before: list[dict], placed: list[Vgpu], gpus: dict,
            request: ResizeRequest | None = None, actor=None, not_before=None, not_after=None,
            run_now: bool = False, kind: str = OperationKind.RESIZE, origin: str = "", batch: str = "",
-           batch_index: int = 0) -> Operation:
+           batch_index: int = 0, size_before: dict | None = None, vgpus_kept: bool = False) -> Operation:
     """An operation with its steps and claims, inside the caller's transaction; FleetConflict
     when the VM or one of the GPUs is in another active operation (see `create_for_placement`
-    for `batch`)."""
+    for `batch`, `size_before` and `vgpus_kept`).
+
+    A change of vCPUs and RAM alone keeps the VM's vGPU devices: it shuts the VM down, redefines
+    it with its devices and the new size, and starts it (`after["keeps_vgpus"]`)."""
+    size = size_before or {"vcpus": vm.vcpus, "ram_gib": vm.ram_gib}
     vgpus_before = [{**row, "gpu_bus_id": gpus[row["gpu_id"]].pci_bus_id} for row in before]
     vgpus_after = [{"vgpu_id": vgpu.pk, "gpu_id": vgpu.gpu_id, "gpu_bus_id": vgpu.gpu.pci_bus_id,
                     "profile": vgpu.profile.name} for vgpu in placed]
     operation = Operation.objects.create(
         kind=kind, vm=vm, host=source, target_host=target, request=request,
         origin=origin or (f"resize request #{request.pk}" if request else ""),
-        before={"vcpus": vm.vcpus, "ram_mib": vm.ram_gib * 1024, "vgpus": vgpus_before},
+        before={"vcpus": size["vcpus"], "ram_mib": size["ram_gib"] * 1024, "vgpus": vgpus_before},
         after={"vcpus": vm.vcpus, "ram_mib": vm.ram_gib * 1024, "vgpus": vgpus_after,
+               **({"keeps_vgpus": True} if vgpus_kept else {}),
                **({"batch": batch, "batch_index": batch_index} if batch else {})},
         not_before=not_before, not_after=not_after, run_now=run_now, created_by=actor,
     )
     # A move goes cold and before the new vGPUs: they are made on the target host, and the
     # domain is redefined there, where its devices exist.
-    kinds = [StepKind.NOTIFY, StepKind.SHUTDOWN, StepKind.REMOVE_VGPU]
-    kinds += [StepKind.MOVE_DOMAIN] if target.pk != source.pk else []
-    kinds += [StepKind.CREATE_VGPU] * len(vgpus_after)
-    kinds += [StepKind.REDEFINE, StepKind.START, StepKind.VERIFY]
+    if vgpus_kept:
+        kinds = [StepKind.NOTIFY, StepKind.SHUTDOWN, StepKind.REDEFINE, StepKind.START, StepKind.VERIFY]
+    else:
+        kinds = [StepKind.NOTIFY, StepKind.SHUTDOWN, StepKind.REMOVE_VGPU]
+        kinds += [StepKind.MOVE_DOMAIN] if target.pk != source.pk else []
+        kinds += [StepKind.CREATE_VGPU] * len(vgpus_after)
+        kinds += [StepKind.REDEFINE, StepKind.START, StepKind.VERIFY]
     created = iter(vgpus_after)
     steps = []
     for index, step_kind in enumerate(kinds):
@@ -160,7 +173,8 @@ def create(vm: VirtualMachine, source: Host, target: Host, *, before: list[dict]
             args = {**next(created), "device_id": str(uuidlib.uuid4())}
         steps.append(OperationStep(operation=operation, index=index, kind=step_kind, args=args))
     OperationStep.objects.bulk_create(steps)
-    gpu_ids = {row["gpu_id"] for row in vgpus_before} | {row["gpu_id"] for row in vgpus_after}
+    # A change of size alone leaves the GPUs as they are: the VM's claim is all it needs.
+    gpu_ids = set() if vgpus_kept else {row["gpu_id"] for row in vgpus_before} | {row["gpu_id"] for row in vgpus_after}
     if batch:
         # The batch holds a GPU once, under the first of its operations that touches it.
         gpu_ids -= set(OperationClaim.objects.filter(active=True, gpu__isnull=False, operation__after__batch=batch)
@@ -499,9 +513,17 @@ def _created(current: Run) -> list[VgpuDevice]:
     return [_device(step.result["device"]) for step in steps if step.result.get("device")]
 
 
+def _wanted(current: Run) -> list[VgpuDevice]:
+    """The devices the VM is to hold: those the operation created, or, for a change of vCPUs and
+    RAM alone, those it held when it was shut down."""
+    if current.operation.after.get("keeps_vgpus"):
+        return [_device(d) for d in current.operation.before.get("devices", [])]
+    return _created(current)
+
+
 def _redefine(current: Run, step: OperationStep):
     backend = current.where()
-    created = _created(current)
+    created = _wanted(current)
     backend.redefine(current.uuid, _spec(current, backend, tuple(created)))
     held = _named(created, backend.domain(current.uuid).vgpus)
     renamed = {old: new for old, new in held.items() if old != new}
@@ -557,11 +579,16 @@ def _verify(current: Run, step: OperationStep):
     op = current.operation
     domain = current.target.domain(current.uuid)
     named = _held_ids(current)
-    expected = {named.get(d.id, d.id) for d in _created(current)}
+    expected = {named.get(d.id, d.id) for d in _wanted(current)}
     found = {d.id for d in domain.vgpus}
     if found != expected:
         raise HypervisorError(f"{op.vm.name} holds vGPU devices {sorted(found) or 'none'} after the change; "
                               f"expected {sorted(expected)}.")
+    size = {"vcpus": op.after.get("vcpus"), "ram_mib": op.after.get("ram_mib")}
+    if size != {"vcpus": op.before.get("vcpus"), "ram_mib": op.before.get("ram_mib")} and \
+            (domain.vcpus, domain.ram_mib) != (size["vcpus"], size["ram_mib"]):
+        raise HypervisorError(f"{op.vm.name} has {domain.vcpus} vCPUs and {domain.ram_mib} MiB of RAM after the "
+                              f"change; expected {size['vcpus']} and {size['ram_mib']} MiB.")
     if op.before.get("was_running", True) and domain.state != PowerState.RUNNING:
         raise HypervisorError(f"{op.vm.name} is {domain.state.replace('_', ' ')} after the change; expected running.")
     return {"agent": _agent_confirmation(current)}, False
@@ -689,7 +716,9 @@ def _end_rolled_back(op: Operation, reason: str, left: list[str], undone: str = 
     before = op.before.get("vgpus", [])
     try:
         if op.request_id:
-            fleet_requests.revert_approval(op.request, before, reason)
+            fleet_requests.revert_approval(op.request, before, reason,
+                                           size=(op.before["vcpus"], op.before["ram_mib"] // 1024)
+                                           if "vcpus" in op.before else None)
         else:
             with transaction.atomic(), audit.because(f"{op} failed to apply"):
                 fleet_requests.restore_vgpus(op.vm, before)

@@ -142,6 +142,13 @@ class Suggestion(models.Model):
         """Dismissed, and the evidence has not changed since."""
         return bool(self.dismissed_key) and self.dismissed_key == self.evidence_key
 
+    @property
+    def advises_size(self) -> bool:
+        """Whether the vCPU or RAM advice is a resize with a figure: accepting files it."""
+        resize = (SuggestionAction.UPSIZE, SuggestionAction.DOWNSIZE)
+        return bool(self.cpu_action in resize and self.suggested_vcpus
+                    or self.ram_action in resize and self.suggested_ram_gib)
+
 
 class OptimizerStatus(models.TextChoices):
     PENDING = "pending", "Queued"

@@ -106,8 +106,10 @@ class PlanConflict(Exception):
 
 def pending_requests() -> QuerySet[ResizeRequest]:
     """Resize requests still waiting for a decision, newest first: the "pending changes" a
-    plan includes by default."""
-    return ResizeRequest.objects.filter(status=ResizeStatus.PENDING).order_by("-created_at", "-id")
+    plan includes by default. A request that also changes the VM's vCPUs or RAM is left to its
+    own approval: a plan places vGPUs only, and approving it with the plan would drop the size."""
+    return ResizeRequest.objects.filter(status=ResizeStatus.PENDING, requested_vcpus__isnull=True,
+                                        requested_ram_gib__isnull=True).order_by("-created_at", "-id")
 
 
 def actionable_suggestions() -> QuerySet[Suggestion]:

@@ -385,9 +385,28 @@ def _check_shown(suggestion: Suggestion, evidence_key: str) -> None:
         )
 
 
+def size_advice(suggestion: Suggestion) -> tuple[int | None, int | None]:
+    """The vCPUs and RAM (GiB) the suggestion advises changing to, each None where its advice is
+    not a resize (keep, not enough data, no figure)."""
+    vcpus = suggestion.suggested_vcpus if suggestion.cpu_action in RESIZE_ACTIONS else None
+    ram_gib = suggestion.suggested_ram_gib if suggestion.ram_action in RESIZE_ACTIONS else None
+    return vcpus or None, ram_gib or None
+
+
+def guest_reason(suggestion: Suggestion, vcpus: int | None, ram_gib: int | None) -> str:
+    """The vCPU and RAM part of a filed request's reason: the change, then the guest's figures
+    behind it, e.g. "vCPUs 8 -> 4; RAM 32 -> 16 GiB. vCPUs: p95 12 % of its 8 vCPUs; ..."."""
+    vm = suggestion.vm
+    changes = ([f"vCPUs {vm.vcpus} -> {vcpus}"] if vcpus is not None else []) + (
+        [f"RAM {vm.ram_gib} -> {ram_gib} GiB"] if ram_gib is not None else [])
+    guest = (suggestion.evidence or {}).get("guest") or {}
+    return " ".join(["; ".join(changes) + ".", *guest.get("reasons", ())])
+
+
 def accept_suggestion(suggestion: Suggestion, user, *, evidence_key: str = "", note: str = "") -> ResizeRequest:
-    """File a pending resize request for the suggested profile (and vGPU count) of the VM, by
-    `user`, linked from the suggestion; returns it.
+    """File a pending resize request for what the suggestion advises for the VM, by `user`,
+    linked from the suggestion; returns it: the suggested profile (and vGPU count) when the
+    vGPU advice is a resize, the suggested vCPUs and RAM where their advice is.
 
     The request is filed through `fleet.requests.file_request`, so it is validated, audited and
     announced to the admins exactly as one filed by the artist. Raises SuggestionConflict when
@@ -400,22 +419,28 @@ def accept_suggestion(suggestion: Suggestion, user, *, evidence_key: str = "", n
         suggestion = _locked_suggestion(suggestion)
         vm = suggestion.vm
         _check_shown(suggestion, evidence_key)
-        if suggestion.action not in RESIZE_ACTIONS or suggestion.suggested_profile is None:
+        resizes_vgpus = suggestion.action in RESIZE_ACTIONS and suggestion.suggested_profile is not None
+        vcpus, ram_gib = size_advice(suggestion)
+        if not resizes_vgpus and vcpus is None and ram_gib is None:
             raise SuggestionConflict(
                 f"The suggestion for {vm.name} is \"{suggestion.get_action_display()}\": there is nothing to resize.",
             )
         profiles = list(Vgpu.objects.filter(vm=vm).values_list("profile_id", flat=True))
-        if suggestion.current_profile_id not in profiles:
+        if resizes_vgpus and suggestion.current_profile_id not in profiles:
             raise SuggestionConflict(
                 f"The vGPUs of {vm.name} changed since this suggestion was computed; refresh the suggestions.",
             )
-        reason = resize_reason(suggestion)
+        reason = resize_reason(suggestion) if resizes_vgpus else "Right-sizing:"
+        if vcpus is not None or ram_gib is not None:
+            reason = " ".join([reason, guest_reason(suggestion, vcpus, ram_gib)])
         if note:
             reason = f"{reason}\n\n{note}"
         try:
             # Filed as the artist's form and the API file one: same validation, audit and notifications.
             request = resize_requests.file_request(
-                vm, user, suggestion.suggested_profile, suggestion.suggested_vgpus or len(profiles), reason,
+                vm, user, suggestion.suggested_profile if resizes_vgpus else None,
+                (suggestion.suggested_vgpus or len(profiles)) if resizes_vgpus else None, reason,
+                requested_vcpus=vcpus, requested_ram_gib=ram_gib,
                 comment=f"from the right-sizing suggestion for {vm.name}",
             )
         except resize_requests.RequestError as exc:

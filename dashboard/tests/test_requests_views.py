@@ -95,7 +95,8 @@ def test_form_messages(fleet_world):
     assert "Say why the VM needs the change" in messages_of({"requested_profile": q24, "reason": " "})
     assert "Enter the wished window as a date and time" in messages_of(
         {"requested_profile": q24, "reason": "x", "wished_from": "next week"})
-    assert "Change: choose a target profile, one vGPU more or one vGPU less (not sideways)." in messages_of(
+    assert ("Change: choose a target profile, one vGPU more, one vGPU less or the same vGPUs with other vCPUs or RAM "
+            "(not sideways).") in messages_of(
         {"change": "sideways", "requested_profile": q24, "reason": "x"})
     assert not ResizeRequest.objects.filter(vm=fleet_world.vm_a).exists()  # nothing filed from bad input
     assert "The wished window must end after it starts." in messages_of(

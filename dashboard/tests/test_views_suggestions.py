@@ -424,3 +424,53 @@ def test_the_admin_site_lists_suggestions_and_shows_their_figures_read_only(staf
     assert staff_client.post(f"/admin/sizing/suggestion/{world.light_s.pk}/change/",
                              {"action": "keep"}).status_code == 403
     assert Suggestion.objects.get(pk=world.light_s.pk).action == "downsize"
+
+
+def test_the_vm_page_files_the_advised_ram_downsize_as_a_request(staff_client, admin_user, world):
+    """peer's vGPU advice is to keep it; its guest used 5 of 32 GiB: filing the advice from its
+    page asks for 8 GiB and the same vGPU."""
+    world.peer.vcpus, world.peer.ram_gib = 8, 32
+    world.peer.save()
+    guest_hourly(world.peer, TWO_WEEKS_H, util_pct=60.0, busiest_pct=70.0, ram_used_mib=5 * GIB)
+    refresh_suggestions(now=NOW)
+    suggestion = Suggestion.objects.get(vm=world.peer)
+    assert (suggestion.action, suggestion.cpu_action, suggestion.ram_action, suggestion.suggested_ram_gib) == (
+        "keep", "keep", "downsize", 8)
+    vm_page = body(staff_client.get(f"/vms/{world.peer.pk}/"))
+    form = re.search(r'<form[^>]*data-file-advice>.*?</form>', vm_page, re.S)
+    assert form
+    assert "File the vCPU and RAM change" in form.group(0)
+    key = re.search(r'name="evidence_key" value="(\w+)"', form.group(0)).group(1)
+
+    response = staff_client.post(f"{PAGE}{suggestion.pk}/accept/",
+                                 {"evidence_key": key, "next": f"/vms/{world.peer.pk}/"}, follow=True)
+
+    filed = ResizeRequest.objects.get()
+    assert (filed.vm, filed.requested_profile, filed.requested_vgpus, filed.requested_vcpus,
+            filed.requested_ram_gib, filed.requested_by) == (world.peer, world.q12, 1, None, 8, admin_user)
+    assert "RAM 32 -> 8 GiB." in filed.reason
+    assert response.redirect_chain == [(f"/vms/{world.peer.pk}/", 302)]
+    page = body(response)
+    assert f"Request #{filed.pk} filed: ws-peer to 32 -> 8 GiB, pending approval." in text(page)
+    assert "data-file-advice" not in page  # filed: the page says so instead of offering it again
+    assert f"Resize request #{filed.pk}: pending." in text(page)
+
+
+def test_accepting_a_vgpu_vcpu_and_ram_downsize_files_all_three_in_one_request(staff_client, world):
+    world.light.ram_gib = 32
+    world.light.save()
+    guest_hourly(world.light, TWO_WEEKS_H, util_pct=20.0, busiest_pct=40.0, ram_used_mib=5 * GIB)
+    refresh_suggestions(now=NOW)
+    suggestion = Suggestion.objects.get(vm=world.light)
+    assert (suggestion.action, suggestion.cpu_action, suggestion.suggested_vcpus, suggestion.ram_action,
+            suggestion.suggested_ram_gib) == ("downsize", "downsize", 4, "downsize", 8)
+
+    listed = body(staff_client.get(PAGE))
+    assert "with the advised vCPUs and RAM" in row(listed, suggestion)
+    staff_client.post(f"{PAGE}{suggestion.pk}/accept/", {"evidence_key": suggestion.evidence_key})
+
+    filed = ResizeRequest.objects.get()
+    assert (filed.requested_profile.name, filed.requested_vgpus, filed.requested_vcpus, filed.requested_ram_gib) == (
+        "RTX6000-12Q", 1, 4, 8)
+    assert filed.changes_vgpus
+    assert filed.size_change == "8 -> 4 vCPUs, 32 -> 8 GiB"

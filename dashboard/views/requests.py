@@ -29,7 +29,9 @@ from sizing import room
 
 BAD_WINDOW = "Enter the wished window as a date and time, e.g. 2026-12-01 09:00."
 NO_PROFILE = "Choose a target profile of the VM's GPU model."
-BAD_CHANGE = "Change: choose a target profile, one vGPU more or one vGPU less (not %(value)s)."
+BAD_CHANGE = ("Change: choose a target profile, one vGPU more, one vGPU less or the same vGPUs with other vCPUs or RAM "
+              "(not %(value)s).")
+BAD_NUMBER = "Enter the %s as a whole number."
 DONE = {"approve": "approved and applied", "reject": "rejected", "cancel": "cancelled"}
 
 
@@ -93,12 +95,13 @@ def request_review(request, pk: int):
 @login_required
 def request_room(request, pk: int):
     """The queue's lazy fragment for a request that fits nowhere as the fleet stands: whether
-    it fits if other VMs move (how many, which), with the optimizer run one click away."""
+    it fits if other VMs move (how many, which), with the optimizer run one click away. Not for
+    a request that changes the VM's vCPUs or RAM: the optimizer places vGPUs of VMs as they are."""
     if not is_fleet_admin(request.user):
         raise PermissionDenied
     obj = get_object_or_404(ResizeRequest, pk=pk)
     answer = None
-    if obj.status == ResizeStatus.PENDING:
+    if obj.status == ResizeStatus.PENDING and not obj.changes_size:
         answer = room.room_for(obj.vm_id, obj.requested_profile_id, obj.requested_vgpus)
     return render(request, "fleet/partials/request_room.html", {"r": obj, "room": answer})
 
@@ -176,13 +179,17 @@ class WishedTimeField(forms.CharField):
 
 
 class RequestFileForm(forms.Form):
-    """The artist's request on /me/: a target profile, or one vGPU more or less of the current
-    one (`change`), a reason and an optional wished window. `clean` turns the choice into
-    `profile` and `vgpus` for the VM's current vGPUs."""
+    """The artist's request on /me/: a target profile, one vGPU more or less of the current one,
+    or the same vGPUs (`change`), other vCPUs or RAM (empty: unchanged), a reason and an optional
+    wished window. `clean` turns the choice into `profile` and `vgpus` for the VM's current
+    vGPUs; the numbers' bounds are the service's (`fleet.requests.validate`)."""
 
-    change = forms.ChoiceField(choices=[("profile", "profile"), ("more", "more"), ("less", "less")],
+    change = forms.ChoiceField(choices=[("profile", "profile"), ("more", "more"), ("less", "less"),
+                                        ("size", "size")],
                                required=False, error_messages={"invalid_choice": BAD_CHANGE})
     requested_profile = forms.CharField(required=False, max_length=40)
+    requested_vcpus = forms.IntegerField(required=False, error_messages={"invalid": BAD_NUMBER % "vCPUs"})
+    requested_ram_gib = forms.IntegerField(required=False, error_messages={"invalid": BAD_NUMBER % "RAM (GiB)"})
     reason = forms.CharField(required=False, strip=False)
     wished_from = WishedTimeField(required=False, strip=False)
     wished_until = WishedTimeField(required=False, strip=False)
@@ -196,6 +203,9 @@ class RequestFileForm(forms.Form):
         if data.get("change") in ("more", "less") and self.current is not None:
             data["profile"] = self.current
             data["vgpus"] = self.count + (1 if data["change"] == "more" else -1)
+            return data
+        if data.get("change") == "size" and self.current is not None:
+            data["profile"], data["vgpus"] = self.current, self.count
             return data
         try:
             chosen = parsing.parse_int(data.get("requested_profile") or "")
@@ -211,8 +221,8 @@ class RequestFileForm(forms.Form):
 @login_required
 @require_POST
 def request_file(request, vm_pk: int):
-    """The /me/ form: a target profile, or one more or one less vGPU of the current profile, a
-    reason and an optional wished window."""
+    """The /me/ form: a target profile, or one more or one less vGPU of the current profile, other
+    vCPUs or RAM, a reason and an optional wished window."""
     vm = get_object_or_404(VirtualMachine.objects.select_related("artist"), pk=vm_pk)
     if not is_fleet_admin(request.user) and getattr(vm.artist, "user_id", None) != request.user.pk:
         raise PermissionDenied("You may only request changes for your own workstation.")
@@ -222,10 +232,10 @@ def request_file(request, vm_pk: int):
         if not form.is_valid():
             raise service.RequestError({name: " ".join(errors) for name, errors in form.errors.items()})
         data = form.cleaned_data
-        profile, vgpus = data["profile"], data["vgpus"]
-        service.file_request(vm, request.user, profile, vgpus, data["reason"], data["wished_from"],
-                             data["wished_until"])
-        messages.success(request, f"Request for {vm.name} ({vgpus} x {profile.name}) filed; "
+        filed = service.file_request(vm, request.user, data["profile"], data["vgpus"], data["reason"],
+                                     data["wished_from"], data["wished_until"], requested_vcpus=data["requested_vcpus"],
+                                     requested_ram_gib=data["requested_ram_gib"])
+        messages.success(request, f"Request for {vm.name} ({service.describe(filed)}) filed; "
                                   "you will be notified of the decision.")
     except PermissionError as exc:
         raise PermissionDenied(str(exc)) from exc

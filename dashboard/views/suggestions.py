@@ -27,6 +27,7 @@ from dashboard import tables
 from dashboard.access import staff_required
 from dashboard.forms import NextForm, SuggestionActionForm, field_errors
 from dashboard.listing import TableListView
+from fleet import requests as resize_requests
 from fleet.choices import ResizeStatus
 from fleet.models import ResizeRequest, Vgpu
 from sizing import suggestions, tasks
@@ -130,7 +131,8 @@ class SuggestionListView(TableListView):
             row.impact = (row.evidence or {}).get("impact") or {}
             row.pending_request_id = pending.get(row.vm_id)
             row.fits_label = Fits(row.fits).label if row.fits in Fits.values else ""
-            row.can_accept = row.action in suggestions.RESIZE_ACTIONS and row.suggested_profile_id is not None
+            row.can_accept = (row.action in suggestions.RESIZE_ACTIONS and row.suggested_profile_id is not None
+                              or row.advises_size)
         self.charts = charts_of(rows)
 
     def get_extra_context(self) -> dict:
@@ -154,7 +156,7 @@ def charts_of(rows: list) -> dict:
 @require_POST
 @staff_required
 def accept(request: HttpRequest, pk: int):
-    """File a resize request for the suggested profile."""
+    """File a resize request for what the suggestion advises: the profile, the vCPUs, the RAM."""
     suggestion = get_object_or_404(suggestions_for(request.user), pk=pk)
     form = SuggestionActionForm(request.POST)
     if not form.is_valid():
@@ -165,7 +167,7 @@ def accept(request: HttpRequest, pk: int):
         messages.error(request, str(exc))
     else:
         messages.success(request, f"Request #{filed.pk} filed: {suggestion.vm.name} to "
-                                  f"{filed.requested_vgpus} x {filed.requested_profile.name}, pending approval.")
+                                  f"{resize_requests.describe(filed)}, pending approval.")
     return _next(form, request)
 
 

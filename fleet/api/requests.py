@@ -27,16 +27,20 @@ class ResizeRequestSerializer(ExpandableMixin, serializers.ModelSerializer):
     expandable_fields = ("vm", "current_profile", "requested_profile", "requested_by", "decided_by")
     fits = serializers.SerializerMethodField(help_text="Where the request fits now: same_gpu, other_gpu, "
                                                        "other_host or nowhere (n/a once decided)")
-    requested_profile = serializers.PrimaryKeyRelatedField(queryset=VgpuProfile.objects.all())
+    requested_profile = serializers.PrimaryKeyRelatedField(
+        queryset=VgpuProfile.objects.all(), required=False,
+        help_text="The target profile; omitted: the VM's own (a change of vCPUs or RAM alone)")
     evidence = serializers.SerializerMethodField(help_text="The VM's right-sizing evidence next to the request")
 
     class Meta:
         model = ResizeRequest
         fields = ["id", "vm", "current_profile", "current_vgpus", "requested_profile", "requested_vgpus", "reason",
                   "status", "requested_by", "decided_by", "decided_at", "decision_comment", "wished_from",
-                  "wished_until", "last_error", "created_at", "fits", "evidence"]
+                  "wished_until", "last_error", "created_at", "fits", "evidence", "current_vcpus", "current_ram_gib",
+                  "requested_vcpus", "requested_ram_gib"]
         read_only_fields = ["current_profile", "current_vgpus", "status", "requested_by", "decided_by",
-                            "decided_at", "decision_comment", "last_error", "created_at"]
+                            "decided_at", "decision_comment", "last_error", "created_at", "current_vcpus",
+                            "current_ram_gib"]
 
     @extend_schema_field({"type": "object", "properties": {
         "where": {"type": "string"}, "gpus": {"type": "array", "items": {"type": "string"}},
@@ -93,9 +97,11 @@ class ResizeRequestViewSet(CachedListMixin, mixins.ListModelMixin, mixins.Retrie
     def perform_create(self, serializer):
         data = serializer.validated_data
         try:
+            profile = data.get("requested_profile")
             serializer.instance = service.file_request(
-                data["vm"], self.request.user, data["requested_profile"], data.get("requested_vgpus", 1),
-                data.get("reason", ""), data.get("wished_from"), data.get("wished_until"))
+                data["vm"], self.request.user, profile, data.get("requested_vgpus", 1 if profile else None),
+                data.get("reason", ""), data.get("wished_from"), data.get("wished_until"),
+                requested_vcpus=data.get("requested_vcpus"), requested_ram_gib=data.get("requested_ram_gib"))
         except service.RequestError as exc:
             raise ValidationError(exc.errors) from exc
 

@@ -242,3 +242,29 @@ def test_libvirtd_stopped_mid_operation_holds_it_until_it_is_back_then_it_ends_a
         assert held_ids(world) == [new_id]
         assert [d["type"] for d in devices_on(world)] == [world.host_type]
         assert ResizeRequest.objects.get(pk=operation.request_id).status == ResizeStatus.APPROVED
+
+
+def test_a_change_of_vcpus_and_ram_alone_is_carried_out_on_libvirt_keeping_the_vgpu(
+        libvirtd, tmp_path, settings, artist, artist_api, admin_api):
+    settings.HYPERVISOR_VERIFY_WAIT_S = 0
+    with kvm_world("mdev", libvirtd, tmp_path, artist, admin_api) as world:
+        filed = artist_api.post("/api/v1/resize-requests/", {
+            "vm": world.vm.pk, "requested_vcpus": 4, "requested_ram_gib": 16, "reason": "layout work only now"},
+            format="json")
+        assert filed.status_code == 201, filed.content
+        approved = admin_api.post(f"/api/v1/resize-requests/{filed.json()['id']}/approve/", {"run_now": True},
+                                  format="json")
+        assert approved.json()["status"] == "applying", approved.content
+
+        done = operations.run(Operation.objects.get(request_id=filed.json()["id"]).pk)
+
+        assert done.status == OperationStatus.SUCCEEDED, done.error
+        running, live = libvirt_view(world.uri, str(world.vm.uuid))
+        assert running
+        assert live.find("vcpu").text == "4"
+        memory = live.find("memory")
+        assert int(memory.text) * {"KiB": 1, "MiB": 1024, "GiB": 1024 ** 2}[memory.get("unit", "KiB")] == 16 * 1024 ** 2
+        assert held_ids(world) == [world.old["id"]]  # the same mdev, not made again
+        assert [d["id"] for d in devices_on(world)] == [world.old["id"]]
+        vm = admin_api.get(f"/api/v1/vms/{world.vm.pk}/").json()
+        assert (vm["vcpus"], vm["ram_gib"]) == (4, 16)

@@ -37,7 +37,8 @@ class FiledRequestSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = ResizeRequest
-        fields = ["id", "status", "requested_profile", "requested_vgpus", "reason", "created_at"]
+        fields = ["id", "status", "requested_profile", "requested_vgpus", "reason", "created_at", "requested_vcpus",
+                  "requested_ram_gib"]
         read_only_fields = fields
 
 
@@ -153,7 +154,8 @@ class SuggestionViewSet(viewsets.ReadOnlyModelViewSet):
 
     @extend_schema(
         summary="Accept: file a resize request",
-        description="Files a pending resize request for the suggested profile and vGPU count, with a reason "
+        description="Files a pending resize request for the suggested profile and vGPU count (when the vGPU "
+                    "advice is a resize) and the suggested vCPUs and RAM (where their advice is), with a reason "
                     "generated from the evidence; an admin approves it as any other request.",
         request=AcceptSerializer,
         responses={201: SuggestionSerializer, 409: CONFLICT},

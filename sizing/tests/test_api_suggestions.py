@@ -12,7 +12,7 @@ from fleet.models import ResizeRequest
 from fleet.tests.factories import GpuFactory, HostFactory, VirtualMachineFactory, profile
 from sizing.models import Suggestion
 from sizing.suggestions import refresh_suggestions
-from sizing.tests.suggestion_world import GIB, NOW, hourly, rtx_studio, two_weeks_of_use
+from sizing.tests.suggestion_world import GIB, NOW, TWO_WEEKS_H, guest_hourly, hourly, rtx_studio, two_weeks_of_use
 
 pytestmark = pytest.mark.django_db
 
@@ -178,6 +178,23 @@ def test_accepting_files_a_pending_request_and_links_it(admin_api, admin_user, w
     assert filed.reason.startswith("Right-sizing: fb p95 11.3 GiB = 94% of 12 GiB over 14 days")
     assert filed.reason.endswith("Her scenes grew.")
     assert Suggestion.objects.get(pk=world.heavy_s.pk).resize_request == filed
+
+
+def test_accepting_a_ram_downsize_alone_files_it_with_the_vms_own_vgpu(admin_api, world):
+    """peer keeps its vGPU but used 5 of its 32 GiB: the request asks for 8 GiB and nothing else."""
+    world.peer.vcpus, world.peer.ram_gib = 8, 32
+    world.peer.save()
+    guest_hourly(world.peer, TWO_WEEKS_H, util_pct=60.0, busiest_pct=70.0, ram_used_mib=5 * GIB)
+    refresh_suggestions(now=NOW)
+    suggestion = Suggestion.objects.get(vm=world.peer)
+
+    response = admin_api.post(url(suggestion, "accept"), {"evidence_key": suggestion.evidence_key})
+
+    assert response.status_code == 201, response.content
+    filed = ResizeRequest.objects.get()
+    assert {k: response.json()["resize_request"][k] for k in ("id", "requested_vcpus", "requested_ram_gib")} == {
+        "id": filed.pk, "requested_vcpus": None, "requested_ram_gib": 8}
+    assert (filed.requested_profile, filed.requested_vgpus, filed.current_ram_gib) == (world.q12, 1, 32)
 
 
 def test_a_second_accept_while_the_request_is_pending_is_a_409(admin_api, world):
