@@ -31,7 +31,7 @@ from telemetry.models import GuestSample
 logger = logging.getLogger(__name__)
 
 #: Hosts whose readings are stored together, in one transaction (`store_chunk`): a chunk of
-#: `read_guest_stats_hosts`. Storing host by host cost 13 times the database time
+#: `read_guest_stats_hosts`. Storing host by host cost six times the database time
 #: (bench/guest_stats.py, docs/benchmarks.md).
 HOSTS_PER_STORE = 20
 LEFT_FOR_NEXT_RUN = "not read: the run's time limit came first; read at the next run"
