@@ -451,7 +451,7 @@ def test_the_vm_page_files_the_advised_ram_downsize_as_a_request(staff_client, a
     assert "RAM 32 -> 8 GiB." in filed.reason
     assert response.redirect_chain == [(f"/vms/{world.peer.pk}/", 302)]
     page = body(response)
-    assert f"Request #{filed.pk} filed: ws-peer to 32 -> 8 GiB, pending approval." in text(page)
+    assert f"Request #{filed.pk} filed for ws-peer: 32 -> 8 GiB, pending approval." in text(page)
     assert "data-file-advice" not in page  # filed: the page says so instead of offering it again
     assert f"Resize request #{filed.pk}: pending." in text(page)
 

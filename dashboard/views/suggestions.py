@@ -166,7 +166,7 @@ def accept(request: HttpRequest, pk: int):
     except suggestions.SuggestionConflict as exc:
         messages.error(request, str(exc))
     else:
-        messages.success(request, f"Request #{filed.pk} filed: {suggestion.vm.name} to "
+        messages.success(request, f"Request #{filed.pk} filed for {suggestion.vm.name}: "
                                   f"{resize_requests.describe(filed)}, pending approval.")
     return _next(form, request)
 
