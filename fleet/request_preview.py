@@ -21,7 +21,8 @@ from fleet.models import Gpu, ResizeRequest, Vgpu
 
 #: The confirm step's answer when the fingerprint posted is not the one of the fleet now.
 FLEET_CHANGED = ("The fleet changed since you reviewed this approval (a vGPU was placed, removed or moved on "
-                 "a GPU it involves): review the changes again before you confirm.")
+                 "a GPU it involves, the VM's vCPUs or RAM changed, or its host's room did): review the changes "
+                 "again before you confirm.")
 NOT_CONFIRMED = "Review the changes and confirm them to approve the request; nothing was changed."
 
 

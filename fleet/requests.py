@@ -592,6 +592,29 @@ def usage_figures(evidence: dict) -> str:
     return (f"Over {days} days: " if days else "") + "; ".join(parts) + "."
 
 
+#: A suggestion's actions that advise a change (sizing's SuggestionAction values).
+RESIZE_ACTIONS = ("upsize", "downsize")
+
+
+def _matches(suggestion, request: ResizeRequest) -> bool | None:
+    """Whether `request` asks what the suggestion advises, part by part: the vGPUs where it changes
+    them (against the suggested profile and number), its vCPUs and RAM where it changes them
+    (against the suggested size; advice to keep it differs from any change). None when the
+    suggestion says nothing about any part the request changes."""
+    checks = []
+    target = suggestion.suggested_profile
+    if (request.changes_vgpus or not request.changes_size) and target is not None:
+        wanted_vgpus = suggestion.suggested_vgpus or request.current_vgpus
+        checks.append(target.pk == request.requested_profile_id and wanted_vgpus == request.requested_vgpus)
+    for action, suggested, requested in (
+        (suggestion.cpu_action, suggestion.suggested_vcpus, request.requested_vcpus),
+        (suggestion.ram_action, suggestion.suggested_ram_gib, request.requested_ram_gib),
+    ):
+        if requested is not None and action in (*RESIZE_ACTIONS, "keep"):
+            checks.append(action in RESIZE_ACTIONS and suggested == requested)  # "keep" advises no change
+    return all(checks) if checks else None
+
+
 def evidence_of(vm: VirtualMachine, request: ResizeRequest | None = None) -> Evidence:
     """The VM's right-sizing evidence, compared with `request` when given.
 
@@ -607,10 +630,7 @@ def evidence_of(vm: VirtualMachine, request: ResizeRequest | None = None) -> Evi
     suggested = ""
     if target is not None:
         suggested = f"{suggestion.suggested_vgpus} x {target.name}" if suggestion.suggested_vgpus else target.name
-    matches = None
-    if request is not None and target is not None:
-        wanted_vgpus = suggestion.suggested_vgpus or request.current_vgpus
-        matches = target.pk == request.requested_profile_id and wanted_vgpus == request.requested_vgpus
+    matches = _matches(suggestion, request) if request is not None else None
     return Evidence(
         action=suggestion.action, label=suggestion.get_action_display(), suggested=suggested,
         reason=suggestion.reason, figures=usage_figures(suggestion.evidence or {}), matches_request=matches,

@@ -48,3 +48,24 @@ def test_a_request_filed_from_an_accepted_suggestion_is_marked_and_approves(flee
     assert response.status_code == 200, response.json()
     assert [v.profile.name for v in Vgpu.objects.filter(vm=fleet_world.vm_a)] == ["RTX6000-24Q"]
     assert Notification.objects.filter(user=fleet_world.ana.user, message__contains="approved and applied").exists()
+
+
+def test_a_vcpu_and_ram_request_matches_the_evidence_only_where_it_asks_what_the_advice_says(
+        fleet_world, admin_user, admin_api):
+    """Compared part by part: the RAM the guest advice suggests matches; other vCPUs where the
+    advice is to keep them differ; a change of vCPUs alone says nothing of the vGPU's advice."""
+    suggestion = suggest(fleet_world.vm_a)  # the vGPU: upsize to RTX6000-24Q
+    suggestion.cpu_action, suggestion.ram_action = "keep", "downsize"
+    suggestion.suggested_ram_gib = 8
+    suggestion.save()
+    vm = fleet_world.vm_a
+
+    def matches(reason, **size):
+        request = service.file_request(vm, admin_user, None, None, reason, **size)
+        found = admin_api.get(f"{URL}{request.pk}/").json()["evidence"]["matches_request"]
+        service.cancel(request, admin_user)
+        return found
+
+    assert matches("less RAM", requested_ram_gib=8) is True
+    assert matches("less RAM, more vCPUs", requested_ram_gib=8, requested_vcpus=vm.vcpus + 4) is False
+    assert matches("some RAM", requested_ram_gib=12) is False
