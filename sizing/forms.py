@@ -8,6 +8,7 @@ rows as with 50.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from django import forms
@@ -16,7 +17,7 @@ from django.forms import BaseFormSet, formset_factory
 
 from fleet import placement
 from fleet.choices import SizeMode, Workflow
-from fleet.models import GpuModel, Host, VgpuProfile
+from fleet.models import GpuModel, Host, VgpuProfile, VirtualMachine
 from sizing import planner, planning, study
 from sizing.models import WorkflowPreset
 
@@ -190,6 +191,9 @@ ARTISTS_PREFIX = "artists"
 # --- proof-of-concept study ---
 
 
+VM_NAME_MAX = VirtualMachine._meta.get_field("name").max_length
+
+
 class StudyForm(forms.Form):
     """Which hosts' VMs and which days the study covers, and the server whose like the density is
     planned on (GET, so every study is a link). No host chosen: every host; no days given: the
@@ -197,6 +201,10 @@ class StudyForm(forms.Form):
 
     hosts = forms.TypedMultipleChoiceField(label="Hosts", coerce=int, required=False,
                                            help_text="None chosen: every host")
+    vms = forms.CharField(label="VMs named", required=False, max_length=2000,
+                          help_text="Names or patterns (poc-*), by spaces or commas; empty: every VM of the hosts")
+    workflows = forms.MultipleChoiceField(label="Workflows", required=False, choices=Workflow.choices,
+                                          help_text="None chosen: every workflow")
     server = forms.TypedChoiceField(label="Plan on a server like", coerce=int, required=False, empty_value=None,
                                     help_text="A host with GPUs; none: the first chosen host with GPUs")
     start = forms.DateField(label="From", required=False,
@@ -212,10 +220,24 @@ class StudyForm(forms.Form):
         self.default_start, self.default_end = study.default_days(today)
         self.fields["start"].initial, self.fields["end"].initial = self.default_start, self.default_end
 
+    def clean_vms(self) -> tuple[str, ...]:
+        """The names and patterns asked for; each must name at least one VM, so a typo is said
+        rather than studied as an empty group."""
+        names = tuple(dict.fromkeys(n for n in re.split(r"[\s,]+", self.cleaned_data["vms"]) if n))
+        if len(names) > study.MAX_NAMES:
+            raise forms.ValidationError(f"Name at most {study.MAX_NAMES} VMs or patterns; use patterns (poc-*).")
+        if too_long := next((n for n in names if len(n) > VM_NAME_MAX), None):
+            raise forms.ValidationError(f"{too_long[:40]}… is longer than any VM name ({VM_NAME_MAX} characters).")
+        known = VirtualMachine.objects.filter(study.names_q(names)).values_list("name", flat=True)
+        if missing := study.unmatched(names, list(known)):
+            raise forms.ValidationError("No VM is named " + ", ".join(missing) + ".")
+        return names
+
     def clean(self):
         cleaned = super().clean()
         if self.errors:
             return cleaned
+        cleaned["group"] = study.Group(names=cleaned.get("vms") or (), workflows=tuple(cleaned.get("workflows") or ()))
         start = cleaned.get("start") or self.default_start
         end = cleaned.get("end") or self.default_end
         if end > self.default_end:

@@ -80,6 +80,7 @@ class PlanRequest:
     from_measurements: bool = False
     host_ids: tuple[int, ...] = ()
     measured_cpu_ram: bool = False
+    vm_ids: tuple[int, ...] = ()  # "from measurements": only these VMs (a study's group)
 
 
 @dataclass(frozen=True)
@@ -235,6 +236,8 @@ def measured_demands(request: PlanRequest, server: planner.ServerSpec,
     vgpus = Vgpu.objects.order_by("vm_id", "id")
     if request.host_ids:
         vgpus = vgpus.filter(vm__host_id__in=request.host_ids)
+    if request.vm_ids:
+        vgpus = vgpus.filter(vm_id__in=request.vm_ids)
     held: dict[int, list[int]] = defaultdict(list)
     for vm_id, profile_id in vgpus.values_list("vm_id", "profile_id"):
         held[vm_id].append(profile_id)

@@ -1,4 +1,5 @@
-"""The proof-of-concept study: for the VMs of some hosts over some days, what each workflow used
+"""The proof-of-concept study: for a group of VMs (those of some hosts, narrowed by name and
+workflow: the pilot's artists) over some days, what each workflow used
 (GPU, frame buffer, encoder, vCPUs, RAM) next to how its artists rated their days, and the
 density those measurements support, reasoned as NVIDIA's sizing guide does its PoC.
 
@@ -17,11 +18,12 @@ Reads only, in a fixed number of queries whatever the number of hosts, VMs or da
 
 from __future__ import annotations
 
+import re
 from collections import defaultdict
 from dataclasses import dataclass, field
 from datetime import date, datetime, time, timedelta
 
-from django.db.models import Count, F, FloatField, Max, Value
+from django.db.models import Count, F, FloatField, Max, Q, Value
 from django.db.models.functions import NullIf
 from django.utils import timezone
 
@@ -37,6 +39,8 @@ MAX_DAYS = 92
 #: Tags shown per row: the most picked first.
 TOP_TAGS = 3
 NO_WORKFLOW = "No workflow"
+#: Names and patterns one study's group may list.
+MAX_NAMES = 200
 
 
 @dataclass
@@ -104,6 +108,51 @@ class Density:
 
 
 @dataclass(frozen=True)
+class Group:
+    """Which of the chosen hosts' VMs a study covers: those named in `names` (a name, or a pattern
+    where `*` stands for any text; case does not count) and whose artist works in one of
+    `workflows`. Empty: every VM of the hosts."""
+
+    names: tuple[str, ...] = ()
+    workflows: tuple[str, ...] = ()
+
+    @property
+    def narrowed(self) -> bool:
+        return bool(self.names or self.workflows)
+
+    def q(self) -> Q:
+        found = Q()
+        if self.names:
+            found &= names_q(self.names)
+        if self.workflows:
+            found &= Q(artist__workflow__in=self.workflows)
+        return found
+
+    @property
+    def workflow_labels(self) -> list[str]:
+        return [_workflow_label(w) for w in self.workflows]
+
+
+def _regex(pattern: str) -> str:
+    """A name pattern (`*` for any text, everything else literal) as a regular expression."""
+    return "^" + ".*".join(re.escape(part) for part in pattern.split("*")) + "$"
+
+
+def names_q(names) -> Q:
+    """VMs whose name is one of `names` (patterns with `*` included), case aside."""
+    found = Q(pk__in=[])
+    for name in names:
+        found |= Q(name__iregex=_regex(name)) if "*" in name else Q(name__iexact=name)
+    return found
+
+
+def unmatched(names, known) -> list[str]:
+    """Those of `names` (patterns included) that match none of the VM names `known`, case aside."""
+    compiled = [(name, re.compile(_regex(name), re.IGNORECASE)) for name in names]
+    return [name for name, regex in compiled if not any(regex.match(k) for k in known)]
+
+
+@dataclass(frozen=True)
 class Study:
     start: date
     end: date
@@ -113,6 +162,7 @@ class Study:
     density: Density | None
     density_error: str = ""
     every_host: bool = False  # no host was chosen: the whole fleet
+    group: Group = field(default_factory=Group)
 
 
 def window(start: date, end: date) -> tuple[datetime, datetime]:
@@ -142,15 +192,16 @@ def _feedback(rows) -> tuple[int, float | None, list[str]]:
     return summary["count"], summary["mean"], tags
 
 
-def study(host_ids, start: date, end: date, server_id: int | None = None) -> Study:
-    """The study of the VMs on `host_ids` (every host when empty) over the days `start` to
-    `end`: per workflow and per VM figures, and the density they support on a server like host
-    `server_id` (by default the first chosen host with GPUs)."""
+def study(host_ids, start: date, end: date, server_id: int | None = None, group: Group | None = None) -> Study:
+    """The study of the VMs of `group` on `host_ids` (every host when empty) over the days
+    `start` to `end`: per workflow and per VM figures, and the density they support on a server
+    like host `server_id` (by default the first chosen host with GPUs)."""
+    group = group or Group()
     since, until = window(start, end)
     hosts = list(Host.objects.order_by("name", "id") if not host_ids
                  else Host.objects.filter(pk__in=host_ids).order_by("name", "id"))
     chosen = [host.pk for host in hosts]
-    vms = list(VirtualMachine.objects.filter(host_id__in=chosen).select_related("host", "artist")
+    vms = list(VirtualMachine.objects.filter(Q(host_id__in=chosen) & group.q()).select_related("host", "artist")
                .order_by("name", "id"))
     vm_ids = [vm.pk for vm in vms]
     gpu = {row["vm_id"]: row for row in VmRollup.objects.filter(
@@ -191,15 +242,18 @@ def study(host_ids, start: date, end: date, server_id: int | None = None) -> Stu
         figures.feedback_count, figures.feedback_mean, figures.top_tags = _feedback(ratings_by_workflow[label])
     order = {label: index for index, label in enumerate(Workflow.labels)}
     workflows = sorted(per_workflow.values(), key=lambda f: order.get(f.label, len(order)))
-    density, error = _density(chosen, server_id)
+    if group.narrowed and not vm_ids:
+        density, error = None, "No VM of these hosts is in the group chosen: there is nothing to plan."
+    else:
+        density, error = _density(chosen, server_id, tuple(vm_ids) if group.narrowed else ())
     return Study(start=start, end=end, hosts=hosts, workflows=workflows, vms=per_vm, density=density,
-                 density_error=error, every_host=not host_ids)
+                 density_error=error, every_host=not host_ids, group=group)
 
 
-def _density(host_ids: list[int], server_id: int | None) -> tuple[Density | None, str]:
-    """The planner "from measurements" on these hosts' VMs, with their right-sized vCPUs and RAM,
-    on a server like host `server_id`, or the first chosen host that has GPUs (its board, GPU
-    count, threads, RAM and overcommit)."""
+def _density(host_ids: list[int], server_id: int | None, vm_ids: tuple[int, ...]) -> tuple[Density | None, str]:
+    """The planner "from measurements" on these hosts' VMs (only `vm_ids` when given), with their
+    right-sized vCPUs and RAM, on a server like host `server_id`, or the first chosen host that
+    has GPUs (its board, GPU count, threads, RAM and overcommit)."""
     if server_id is None:
         server_id = (Gpu.objects.filter(host_id__in=host_ids).order_by("host__name", "host_id")
                      .values_list("host_id", flat=True).first())
@@ -212,7 +266,7 @@ def _density(host_ids: list[int], server_id: int | None) -> tuple[Density | None
     request = planning.PlanRequest(
         gpu_model=gpus[0].gpu_model, gpus=len(gpus), cpu_threads=host.cpu_threads, ram_gib=host.ram_gib,
         vcpu_overcommit=host.vcpu_overcommit, ram_overcommit=host.ram_overcommit, size_mode=gpus[0].size_mode,
-        from_measurements=True, host_ids=tuple(host_ids), measured_cpu_ram=True,
+        from_measurements=True, host_ids=tuple(host_ids), vm_ids=vm_ids, measured_cpu_ram=True,
     )
     try:
         result = planning.run_plan(request)

@@ -51,6 +51,19 @@ def test_the_server_picker_offers_hosts_with_gpus_and_plans_on_the_one_chosen(st
     assert offered == ["First chosen host with GPUs", "host-a", "host-b"]  # ws-idle's host has no GPU
 
 
+def test_a_group_of_vms_is_named_on_the_page_and_only_its_vms_are_shown(staff):
+    world()
+    page = staff.get(f"{PAGE}?vms=ws-k*&workflows=lighting&start={START}&end={END}")
+    assert page.status_code == 200
+    html = page.content.decode()
+    assert text(one(html, data_scope=True)) == (f"Hosts: every host (2) · VMs named: ws-k* · Workflows: Lighting "
+                                                f"(1 VM) · Days: {START} to {END}")
+    assert 'data-vm="ws-keep"' in html
+    assert 'data-vm="ws-down"' not in html
+    refused = staff.get(f"{PAGE}?vms=ws-down,wsdown")
+    assert "vms: No VM is named wsdown." in text(one(refused.content.decode(), role="alert"))
+
+
 def test_the_page_opens_on_the_last_14_days_of_every_host(staff):
     world()
     response = staff.get(PAGE)
@@ -93,7 +106,9 @@ def test_bad_dates_are_a_400_naming_the_field(staff):
     world()
     for params, name in (("start=2026-02-30", "start"), (f"start={END}&end={START}", "end"),
                          ("start=2020-01-01&end=2026-11-14", "start"), ("end=9999-12-31", "end"),
-                         ("hosts=999999", "hosts"), ("server=999999", "server"), ("server=x", "server")):
+                         ("hosts=999999", "hosts"), ("server=999999", "server"), ("server=x", "server"),
+                         ("vms=ws-down+wsdown", "vms"), ("vms=nope-*", "vms"), ("workflows=juggling", "workflows"),
+                         ("vms=" + "x" * 101, "vms"), ("vms=" + "+".join(f"ws-{i}" for i in range(201)), "vms")):
         page = staff.get(f"{PAGE}?{params}")
         assert page.status_code == 400, params
         assert f"{name}:" in text(one(page.content.decode(), role="alert")), params

@@ -1,6 +1,7 @@
-"""The proof-of-concept study (/sizing/study/ and its CSV): what the chosen hosts' VMs used over
-the chosen days next to their artists' ratings, per workflow and per VM, and the density the
-measurements support (`sizing.study`). Admins only: it names artists and their ratings.
+"""The proof-of-concept study (/sizing/study/ and its CSV): what a group of VMs (the chosen
+hosts', narrowed by name and workflow) used over the chosen days next to their artists'
+ratings, per workflow and per VM, and the density the measurements support (`sizing.study`).
+Admins only: it names artists and their ratings.
 
 A bad date or range is a 400 naming the field, on the page and for the CSV alike.
 """
@@ -31,7 +32,7 @@ def _form(request) -> StudyForm:
 def _run(form: StudyForm) -> studies.Study:
     data = form.cleaned_data if form.is_bound else {}
     return studies.study(data.get("hosts") or (), data.get("start") or form.default_start,
-                         data.get("end") or form.default_end, server_id=data.get("server"))
+                         data.get("end") or form.default_end, server_id=data.get("server"), group=data.get("group"))
 
 
 @staff_required

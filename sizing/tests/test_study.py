@@ -146,6 +146,28 @@ def test_a_workflows_feedback_is_that_of_its_vms_even_when_a_vm_changed_hands():
     assert (workflows["Lighting"].feedback_count, workflows["Lighting"].feedback_mean) == (1, 5.0)
 
 
+def test_a_group_narrows_the_figures_and_the_density_to_its_vms():
+    """The pilot: VMs named by pattern or name (case aside) and of the workflows chosen; the
+    density plans only them, and a group none of the hosts' VMs is in plans nothing."""
+    w = world()
+    named = study.study([], START, END, group=study.Group(names=("WS-D*", "ws-keep")))
+    assert {vm.name for vm in named.vms} == {"ws-down", "ws-dismissed", "ws-keep"}
+    assert named.density.vms == 3
+    lighting = study.study([], START, END, group=study.Group(workflows=("lighting",)))
+    assert [vm.name for vm in lighting.vms] == ["ws-keep"]
+    assert [f.label for f in lighting.workflows] == ["Lighting"]
+    assert (lighting.density.vms, lighting.density.host) == (1, "host-a")
+    both = study.study([], START, END, group=study.Group(names=("ws-*",), workflows=("lighting", "fx")))
+    assert [vm.name for vm in both.vms] == ["ws-keep"]
+    elsewhere = study.study([w.fleet.host_b.pk], START, END, group=study.Group(workflows=("lighting",)))
+    assert (elsewhere.vms, elsewhere.density) == ([], None)
+    assert elsewhere.density_error == "No VM of these hosts is in the group chosen: there is nothing to plan."
+
+
+def test_name_patterns_take_only_the_star_as_a_wildcard():
+    assert study.unmatched(["ws-[1]", "ws-?", "ws-*", "WS-1"], ["ws-[1]", "ws-1"]) == ["ws-?"]
+
+
 def test_the_study_costs_the_same_queries_for_more_vms_and_days():
     w = world()
     with CaptureQueriesContext(connection) as small:
