@@ -26,6 +26,7 @@ from fleet.tests.factories import GpuFactory, HostFactory, VirtualMachineFactory
 from hypervisors.agent_devices import agent_device_token
 from hypervisors.choices import OperationStatus
 from hypervisors.models import Operation
+from hypervisors.tests.worlds import approve_size_now
 from telemetry.tests.loopback import polled_agent
 from telemetry.tests.test_agent_vgpu_devices import MDEV, SRIOV, fake_host
 
@@ -248,15 +249,7 @@ def test_a_change_of_vcpus_and_ram_alone_is_carried_out_on_libvirt_keeping_the_v
         libvirtd, tmp_path, settings, artist, artist_api, admin_api):
     settings.HYPERVISOR_VERIFY_WAIT_S = 0
     with kvm_world("mdev", libvirtd, tmp_path, artist, admin_api) as world:
-        filed = artist_api.post("/api/v1/resize-requests/", {
-            "vm": world.vm.pk, "requested_vcpus": 4, "requested_ram_gib": 16, "reason": "layout work only now"},
-            format="json")
-        assert filed.status_code == 201, filed.content
-        approved = admin_api.post(f"/api/v1/resize-requests/{filed.json()['id']}/approve/", {"run_now": True},
-                                  format="json")
-        assert approved.json()["status"] == "applying", approved.content
-
-        done = operations.run(Operation.objects.get(request_id=filed.json()["id"]).pk)
+        done = operations.run(approve_size_now(world.vm, 4, 16, admin_api, artist_api).pk)
 
         assert done.status == OperationStatus.SUCCEEDED, done.error
         running, live = libvirt_view(world.uri, str(world.vm.uuid))

@@ -2,7 +2,8 @@
 admin approves it (run now), the operation runs against a Proxmox VE API over real HTTPS (the fake
 of hypervisors.testing.pvefake, with T4 vGPU nodes), and then Proxmox VE itself shows the VM
 running with the new vGPU type, and the API's inventory says the same, device id included. A
-guest that does not power off, or a GPU Proxmox VE finds full, leaves everything as it was.
+change of vCPUs and RAM alone gives the VM its new size and keeps its vGPU device. A guest that
+does not power off, or a GPU Proxmox VE finds full, leaves everything as it was.
 """
 
 from __future__ import annotations
@@ -19,9 +20,9 @@ from hypervisors import operations, services
 from hypervisors.backends.proxmox import mdev_uuid
 from hypervisors.choices import OperationStatus
 from hypervisors.testing import pvefake
-from hypervisors.testing.pvefake import TYPE_4Q, TYPE_8Q, VM_ANIM, VM_BUILD, VM_MODEL
-from hypervisors.tests.test_end_to_end_vsphere import approve_now, linked_world, place
-from hypervisors.tests.test_proxmox import GPU_A, hostpci
+from hypervisors.testing.pvefake import TYPE_4Q, TYPE_8Q, VM_ANIM, VM_BUILD, VM_LIGHT, VM_MODEL
+from hypervisors.tests.test_end_to_end_vsphere import approve_now, carry_out_size_change, linked_world, place
+from hypervisors.tests.test_proxmox import GPU_A, GPU_B, hostpci
 
 pytestmark = pytest.mark.django_db
 
@@ -63,6 +64,23 @@ def test_an_artists_request_approved_by_an_admin_is_carried_out_on_proxmox(
     # The inventory records the device as Proxmox VE made it at start, which the host agent reads.
     assert [i["uuid"] for i in real["instances"]] == [vgpu.device_id] == [mdev_uuid(VM_ANIM, 0)]
     assert artist_api.get(f"/api/v1/resize-requests/{done.request_id}/").json()["status"] == "approved"
+
+
+def test_a_change_of_vcpus_and_ram_alone_is_carried_out_on_proxmox_keeping_the_vgpu(
+        pve, settings, artist, artist_api, admin_api):
+    settings.HYPERVISOR_VERIFY_WAIT_S = 0
+    world = pve_world(pve, artist, admin_api, "ws-light-01")
+    assert (world.vm.vcpus, world.vm.ram_gib) == (8, 32)
+
+    domain = carry_out_size_change(world, pve.uri(), pve.secret_ref, 4, 16, admin_api, artist_api)
+
+    assert [(d.id, d.type_name, d.gpu_bus_id) for d in domain.vgpus] == [(mdev_uuid(VM_LIGHT, 0), "GRID T4-8Q", GPU_B)]
+    real = pve.server.vm(VM_LIGHT)
+    assert (real["status"], real["config"]["cores"], real["config"]["memory"]) == ("running", "4", "16384")
+    assert hostpci(pve, VM_LIGHT) == {"hostpci0": f"0000:5e:00.0,mdev={TYPE_8Q}"}
+    assert [i["uuid"] for i in real["instances"]] == [world.device.id]
+    vgpu = Vgpu.objects.get(vm=world.vm)
+    assert (vgpu.profile.name, vgpu.device_id) == ("T4-8Q", world.device.id)
 
 
 def test_a_guest_that_will_not_power_off_is_left_running_as_it_was(pve, settings, artist, artist_api, admin_api):

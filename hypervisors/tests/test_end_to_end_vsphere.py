@@ -1,8 +1,9 @@
 """A resize carried out on VMware vSphere, end to end: the artist files a request through the API,
 the admin approves it (run now), the operation runs against a real vCenter simulator (govmomi's
 vcsim with T4 vGPU hosts, hypervisors.testing.vcsim), and then vCenter itself shows the VM
-running with the new vGPU profile, and the API's inventory says the same. A guest that does not
-power off leaves everything as it was.
+running with the new vGPU profile, and the API's inventory says the same. A change of vCPUs and RAM
+alone gives the VM its new size and keeps its vGPU device. A guest that does not power off leaves
+everything as it was.
 """
 
 from __future__ import annotations
@@ -16,10 +17,12 @@ from fleet.models import ResizeRequest, Vgpu
 from fleet.tests.factories import GpuFactory, HostFactory, VirtualMachineFactory, gpu_model, profile
 from hypervisors import discovery, matching, operations, services
 from hypervisors.backends import open_backend, vsphere
+from hypervisors.backends.base import Domain, PowerState
 from hypervisors.choices import OperationStatus
 from hypervisors.models import Operation
 from hypervisors.testing.vcsim import Vcsim
 from hypervisors.tests.test_vsphere import GPU_A, GPU_B, T4_PROFILES, admin_session, vgpu_backings, vm_named
+from hypervisors.tests.worlds import approve_size_now
 
 pytestmark = pytest.mark.django_db
 
@@ -74,6 +77,31 @@ def approve_now(world, wanted: str, admin_api, artist_api) -> Operation:
     return Operation.objects.get(request_id=filed.json()["id"])
 
 
+def carry_out_size_change(world, uri: str, secret_ref: str, vcpus: int, ram_gib: int, admin_api,
+                          artist_api) -> Domain:
+    """The artist asks for `vcpus` and `ram_gib` alone, the admin approves it to run now, and the
+    operation runs: it must succeed, the hypervisor (read back through its backend) must show the
+    VM running with the new size and the very vGPU devices it had (ids, types, GPUs), and the
+    inventory the new size. Returns the VM as the backend reads it after the change."""
+    backend = open_backend(uri, secret_ref=secret_ref)
+    devices_before = backend.domain(str(world.vm.uuid)).vgpus
+    backend.close()
+
+    done = operations.run(approve_size_now(world.vm, vcpus, ram_gib, admin_api, artist_api).pk)
+
+    assert done.status == OperationStatus.SUCCEEDED, done.error
+    backend = open_backend(uri, secret_ref=secret_ref)
+    domain = backend.domain(str(world.vm.uuid))
+    backend.close()
+    assert (domain.vcpus, domain.ram_mib, domain.state) == (vcpus, ram_gib * 1024, PowerState.RUNNING)
+    assert [(d.id, d.type_name, d.gpu_bus_id) for d in domain.vgpus] == [
+        (d.id, d.type_name, d.gpu_bus_id) for d in devices_before]
+    vm = admin_api.get(f"/api/v1/vms/{world.vm.pk}/").json()
+    assert (vm["vcpus"], vm["ram_gib"]) == (vcpus, ram_gib)
+    assert artist_api.get(f"/api/v1/resize-requests/{done.request_id}/").json()["status"] == "approved"
+    return domain
+
+
 def test_a_linked_esx_host_is_checked_and_read_in_step_with_the_inventory(vcsim, artist, admin_api):
     world = esx_world(vcsim, artist, admin_api, "DC0_H0_VM0")
     status = services.check_host(world.host)
@@ -105,6 +133,22 @@ def test_an_artists_request_approved_by_an_admin_is_carried_out_on_vsphere(
     backend.close()
     assert vgpu.device_id != world.device.id
     assert artist_api.get(f"/api/v1/resize-requests/{done.request_id}/").json()["status"] == "approved"
+
+
+def test_a_change_of_vcpus_and_ram_alone_is_carried_out_on_vsphere_keeping_the_vgpu(
+        vcsim, vcenter_admin, settings, artist, artist_api, admin_api):
+    settings.HYPERVISOR_VERIFY_WAIT_S = 0
+    world = esx_world(vcsim, artist, admin_api, "DC0_H0_VM0")
+    assert (world.vm.vcpus, world.vm.ram_gib) == (4, 8)
+
+    domain = carry_out_size_change(world, vcsim.uri(), vcsim.secret_ref, 8, 16, admin_api, artist_api)
+
+    assert [(d.id, d.type_name, d.gpu_bus_id) for d in domain.vgpus] == [(world.device.id, "GRID T4-4Q", GPU_A)]
+    real = vm_named(vcenter_admin, "DC0_H0_VM0")
+    assert (real.runtime.powerState, vgpu_backings(real)) == ("poweredOn", ["grid_t4-4q"])
+    assert (real.config.hardware.numCPU, real.config.hardware.memoryMB) == (8, 16384)
+    vgpu = Vgpu.objects.get(vm=world.vm)
+    assert (vgpu.profile.name, vgpu.device_id) == ("T4-4Q", world.device.id)
 
 
 def test_a_guest_that_will_not_power_off_is_left_running_as_it_was(

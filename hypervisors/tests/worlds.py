@@ -12,9 +12,23 @@ from fleet import services
 from fleet.models import Vgpu
 from fleet.tests.factories import GpuFactory, HostFactory, UserFactory, VirtualMachineFactory, gpu_model, profile
 from hypervisors.backends import sim
+from hypervisors.models import Operation
 from hypervisors.tests.fixtures import BUS_A, BUS_B, L40S_TYPES
 
 OLD_DEVICE = "6f1c3e57-0000-4000-8000-00000000a001"
+
+
+def approve_size_now(vm, vcpus: int, ram_gib: int, admin_api, artist_api) -> Operation:
+    """The artist asks through the API for `vcpus` and `ram_gib` alone for `vm` (its vGPUs stay as
+    they are) and the admin approves it to run now: the operation that carries it out."""
+    filed = artist_api.post("/api/v1/resize-requests/", {
+        "vm": vm.pk, "requested_vcpus": vcpus, "requested_ram_gib": ram_gib, "reason": "layout work only now"},
+        format="json")
+    assert filed.status_code == 201, filed.content
+    approved = admin_api.post(f"/api/v1/resize-requests/{filed.json()['id']}/approve/", {"run_now": True},
+                              format="json")
+    assert approved.json()["status"] == "applying", approved.content
+    return Operation.objects.get(request_id=filed.json()["id"])
 
 
 def host_view(name: str = "node-01") -> sim.SimBackend:
