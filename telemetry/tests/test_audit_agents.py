@@ -98,7 +98,8 @@ def test_admin_add_rotate_disable_and_bulk_delete_are_recorded(staff_client, adm
     disabled = AuditEvent.objects.filter(action="agent.update").order_by("object_repr")
     assert [(e.object_repr, e.before["enabled"], e.after["enabled"]) for e in disabled] == [
         ("gpu-20", True, False), ("gpu-21", True, False)]
-    deleted = AuditEvent.objects.filter(action="agent.delete").order_by("object_id")
+    # object_id is text: ordered by its number, so ids 9 and 10 do not swap.
+    deleted = sorted(AuditEvent.objects.filter(action="agent.delete"), key=lambda e: int(e.object_id))
     assert [e.object_repr for e in deleted] == ["gpu-20", "gpu-21"]
     assert not Agent.objects.exists()
 
@@ -112,7 +113,7 @@ def test_admin_resolving_drift_is_recorded_per_row(staff_client, admin_user):
                                                              "_selected_action": [d.pk for d in rows]})
 
     assert response.status_code == 302
-    events = AuditEvent.objects.filter(action="drift.resolve").order_by("object_id")
+    events = sorted(AuditEvent.objects.filter(action="drift.resolve"), key=lambda e: int(e.object_id))
     assert [(e.object_id, e.before["resolved_at"], e.actor) for e in events] == [
         (str(d.pk), None, admin_user) for d in rows]
     assert all(e.after["resolved_at"] for e in events)
