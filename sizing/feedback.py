@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from datetime import date, datetime, timedelta
 
 from django.db import transaction
-from django.db.models import QuerySet
+from django.db.models import F, QuerySet
 from django.utils import timezone
 
 from config.roles import is_fleet_admin
@@ -135,16 +135,20 @@ def recent_own(user, limit: int = 10) -> list[Feedback]:
         "-session_date", "-id")[:limit])
 
 
-def for_vm(vm: VirtualMachine | int, since: date, user=None) -> list[tuple[date, int, list[str]]]:
-    """The ratings of one VM from `since` on, oldest first, as `(day, rating, tags)`: what
-    `feedback_rules.feedback_summary` takes, for the suggestion's evidence. With `user` given,
-    only what that user may read (an admin all, an artist their own ratings); without, all of
-    them: the caller must show them to admins or the VM's own artist only. Notes are left out."""
-    queryset = Feedback.objects.filter(vm=vm, session_date__gte=since)
-    if user is not None and not is_fleet_admin(user):
-        queryset = queryset.filter(artist__user=user) if user.is_authenticated else queryset.none()
-    return [(day, rating, list(tags)) for day, rating, tags in
-            queryset.order_by("session_date", "id").values_list("session_date", "rating", "tags")]
+def ratings_by_vm(since: date, vm_ids: Sequence[int] | None = None) -> dict[int, list[tuple[date, int, list[str]]]]:
+    """By VM (every VM, or those of `vm_ids`), its artist's ratings from `since` on, oldest
+    first, as `(day, rating, tags)`: what `feedback_rules.feedback_summary` takes, for the
+    suggestion's evidence. Only those of the VM's artist now: a VM handed to another artist does
+    not carry the last one's ratings into the evidence the new one reads. Notes are left out;
+    the caller shows them to admins or the VM's own artist only. One query."""
+    rows = Feedback.objects.filter(session_date__gte=since, artist_id=F("vm__artist_id"))
+    if vm_ids is not None:
+        rows = rows.filter(vm_id__in=vm_ids)
+    ratings: dict[int, list[tuple[date, int, list[str]]]] = {}
+    for vm_id, day, rating, tags in rows.order_by("vm_id", "session_date", "id").values_list(
+            "vm_id", "session_date", "rating", "tags"):
+        ratings.setdefault(vm_id, []).append((day, rating, list(tags)))
+    return ratings
 
 
 @dataclass(frozen=True)

@@ -142,12 +142,18 @@ class Suggestion(models.Model):
         """Dismissed, and the evidence has not changed since."""
         return bool(self.dismissed_key) and self.dismissed_key == self.evidence_key
 
+    def advised_size(self) -> tuple[int | None, int | None]:
+        """The vCPUs and RAM (GiB) the suggestion advises changing to, each None where its advice is
+        not a resize with a figure (keep, not enough data, no figure)."""
+        resize = (SuggestionAction.UPSIZE, SuggestionAction.DOWNSIZE)
+        vcpus = self.suggested_vcpus if self.cpu_action in resize else None
+        ram_gib = self.suggested_ram_gib if self.ram_action in resize else None
+        return vcpus or None, ram_gib or None
+
     @property
     def advises_size(self) -> bool:
         """Whether the vCPU or RAM advice is a resize with a figure: accepting files it."""
-        resize = (SuggestionAction.UPSIZE, SuggestionAction.DOWNSIZE)
-        return bool(self.cpu_action in resize and self.suggested_vcpus
-                    or self.ram_action in resize and self.suggested_ram_gib)
+        return self.advised_size() != (None, None)
 
 
 class OptimizerStatus(models.TextChoices):
@@ -205,7 +211,7 @@ class Feedback(models.Model):
     second the same day updates the first. `artist` and `host` are kept as they were when the
     day was rated, so a VM given to someone else later does not show them the previous artist's
     ratings, and the per-host trends follow where the VM ran that day. Right-sizing reads it
-    beside the metrics (`sizing.feedback.for_vm`, `sizing.feedback_rules.feedback_summary`).
+    beside the metrics (`sizing.feedback.ratings_by_vm`, `sizing.feedback_rules.feedback_summary`).
     """
 
     artist = models.ForeignKey(Artist, on_delete=models.CASCADE, related_name="feedback")

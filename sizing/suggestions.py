@@ -40,8 +40,8 @@ from fleet.fit import ImpactCalculator
 from fleet.models import ResizeRequest, Vgpu
 from fleet.queries import fleet_snapshot
 from fleet.snapshot import FleetSnapshot
-from sizing import engine, feedback_rules, guest_engine
-from sizing.models import Feedback, Suggestion, SuggestionAction
+from sizing import engine, feedback, feedback_rules, guest_engine
+from sizing.models import Suggestion, SuggestionAction
 from telemetry.aggregation import bucket_floor
 from telemetry.models import GuestRollup, VmRollup
 
@@ -124,20 +124,6 @@ def _guest_hours(start: datetime, end: datetime, vm_ids: list[int] | None) -> It
         yield vm_id, [guest_engine.GuestHour(*row[1:]) for row in group]
 
 
-def _ratings(start: datetime, vm_ids: list[int] | None) -> dict[int, list[tuple]]:
-    """By VM, its artist's ratings since `start` as `(day, rating, tags)` (one query). Only those
-    of the VM's artist now: a VM handed to another artist does not carry the last one's ratings
-    into the evidence the new one reads."""
-    rows = Feedback.objects.filter(session_date__gte=timezone.localdate(start), artist_id=F("vm__artist_id"))
-    if vm_ids is not None:
-        rows = rows.filter(vm_id__in=vm_ids)
-    ratings: dict[int, list[tuple]] = {}
-    for vm_id, day, rating, tags in rows.order_by("vm_id", "session_date").values_list(
-            "vm_id", "session_date", "rating", "tags"):
-        ratings.setdefault(vm_id, []).append((day, rating, tags))
-    return ratings
-
-
 def _hours_per_vm(vm_ids: list[int], streamed: Iterable[tuple[int, list]]) -> Iterator[tuple[int, list]]:
     """Pairs each of `vm_ids` (ascending) with its hours from `streamed` (ascending by VM), or
     with no hours: a VM without rollups still gets a suggestion ("not enough data")."""
@@ -198,9 +184,9 @@ def _suggestion(snapshot: FleetSnapshot, impacts: ImpactCalculator, vm_id: int, 
                          "single_thread_bound": guest.single_thread_bound, "steal_high": guest.steal_high}
     evidence["combined"] = ({"kind": combined.kind, "message": combined.message, "keep_vgpu": combined.keep_vgpu}
                             if combined else None)
-    feedback = feedback_rules.feedback_summary(ratings or [])
-    evidence["feedback"] = feedback
-    evidence["confidence"] = feedback_rules.confidence(advice.action, feedback)
+    rated = feedback_rules.feedback_summary(ratings or [])
+    evidence["feedback"] = rated
+    evidence["confidence"] = feedback_rules.confidence(advice.action, rated)
     return Suggestion(
         vm_id=vm_id, current_profile_id=current.id,
         suggested_profile_id=advice.suggested.id if advice.suggested is not None else None,
@@ -234,7 +220,7 @@ def refresh_suggestions(now: datetime | None = None, vm_ids: Iterable[int] | Non
     impacts = ImpactCalculator(snapshot)
     streamed = _usage_hours(*window, vm_ids=wanted)
     guests = _hours_per_vm(subjects, _guest_hours(*window, vm_ids=wanted))
-    ratings = _ratings(window[0], wanted)
+    ratings = feedback.ratings_by_vm(timezone.localdate(window[0]), wanted)
     for (vm_id, hours), (_, guest_hours) in zip(_hours_per_vm(subjects, streamed), guests, strict=True):
         try:
             row = _suggestion(snapshot, impacts, vm_id, hours, limits, window, now, guest_hours,
@@ -385,14 +371,6 @@ def _check_shown(suggestion: Suggestion, evidence_key: str) -> None:
         )
 
 
-def size_advice(suggestion: Suggestion) -> tuple[int | None, int | None]:
-    """The vCPUs and RAM (GiB) the suggestion advises changing to, each None where its advice is
-    not a resize (keep, not enough data, no figure)."""
-    vcpus = suggestion.suggested_vcpus if suggestion.cpu_action in RESIZE_ACTIONS else None
-    ram_gib = suggestion.suggested_ram_gib if suggestion.ram_action in RESIZE_ACTIONS else None
-    return vcpus or None, ram_gib or None
-
-
 def guest_reason(suggestion: Suggestion, vcpus: int | None, ram_gib: int | None) -> str:
     """The vCPU and RAM part of a filed request's reason: the change, then the guest's figures
     behind it, e.g. "vCPUs 8 -> 4; RAM 32 -> 16 GiB. vCPUs: p95 12 % of its 8 vCPUs; ..."."""
@@ -420,7 +398,7 @@ def accept_suggestion(suggestion: Suggestion, user, *, evidence_key: str = "", n
         vm = suggestion.vm
         _check_shown(suggestion, evidence_key)
         resizes_vgpus = suggestion.action in RESIZE_ACTIONS and suggestion.suggested_profile is not None
-        vcpus, ram_gib = size_advice(suggestion)
+        vcpus, ram_gib = suggestion.advised_size()
         if not resizes_vgpus and vcpus is None and ram_gib is None:
             raise SuggestionConflict(
                 f"The suggestion for {vm.name} is \"{suggestion.get_action_display()}\": there is nothing to resize.",

@@ -119,11 +119,11 @@ def test_a_vm_given_to_another_artist_does_not_show_them_the_previous_ratings(fl
     w.vm_a.artist = w.bob
     w.vm_a.save()
     assert list(feedback.feedback_for(w.bob.user)) == []
-    assert feedback.for_vm(w.vm_a, date(2000, 1, 1), user=w.bob.user) == []
+    assert w.vm_a.pk not in feedback.ratings_by_vm(date(2000, 1, 1))  # nor in the evidence bob reads
     assert feedback.prompt_due(w.bob.user) == [w.vm_a, w.vm_b]
 
 
-def test_for_vm_gives_the_days_oldest_first_for_the_summary(fleet_world, admin_user):
+def test_ratings_by_vm_give_each_vms_days_oldest_first_for_the_summary(fleet_world):
     w = fleet_world
     today = timezone.localdate()
     feedback.file_feedback(w.ana.user, w.vm_a, 2, ["out_of_gpu_memory"], day=today - timedelta(days=3))
@@ -132,10 +132,9 @@ def test_for_vm_gives_the_days_oldest_first_for_the_summary(fleet_world, admin_u
     feedback.file_feedback(w.bob.user, w.vm_b, 1)
     since = today - timedelta(days=7)
     want = [(today - timedelta(days=3), 2, ["out_of_gpu_memory"]), (today - timedelta(days=1), 3, [])]
-    assert feedback.for_vm(w.vm_a, since) == want
-    assert feedback.for_vm(w.vm_a, since, user=admin_user) == want
-    assert feedback.for_vm(w.vm_a, since, user=w.ana.user) == want
-    assert feedback.for_vm(w.vm_a.pk, since, user=w.bob.user) == []
+    assert feedback.ratings_by_vm(since) == {w.vm_a.pk: want, w.vm_b.pk: [(today, 1, [])]}
+    assert feedback.ratings_by_vm(since, [w.vm_a.pk]) == {w.vm_a.pk: want}
+    assert feedback.ratings_by_vm(since, [w.vm_b.pk]) == {w.vm_b.pk: [(today, 1, [])]}
 
 
 def known_ratings():
