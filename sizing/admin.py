@@ -57,11 +57,25 @@ class WorkflowPresetAdmin(AuditedAdmin):
         # A workflow without a preset could not be planned; change its figures instead.
         return False
 
+class RecordAdmin(AuditedAdmin):
+    """A record the product writes (a suggestion, an optimizer run, a rating): every field read
+    here, none added or changed; deleting one is what the admin site is for."""
+
+    def get_readonly_fields(self, request, obj=None):
+        return [f.name for f in self.model._meta.fields]
+
+    def has_add_permission(self, request) -> bool:
+        return False
+
+    def has_change_permission(self, request, obj=None) -> bool:
+        return False
+
+
 # --- suggestions ---
 
 
 @admin.register(Suggestion)
-class SuggestionAdmin(AuditedAdmin):
+class SuggestionAdmin(RecordAdmin):
     """Suggestions are written by the hourly refresh and acted on from the right-sizing page (or
     the API); here their figures are read. A deleted one comes back at the next refresh."""
 
@@ -71,24 +85,17 @@ class SuggestionAdmin(AuditedAdmin):
     list_select_related = ("vm", "current_profile", "suggested_profile")
     search_fields = ("vm__name",)
     ordering = ("vm__name",)
-    readonly_fields = [f.name for f in Suggestion._meta.fields]
 
     @admin.display(boolean=True, description="Dismissed")
     def dismissed(self, obj: Suggestion) -> bool:
         return obj.is_dismissed
-
-    def has_add_permission(self, request) -> bool:
-        return False
-
-    def has_change_permission(self, request, obj=None) -> bool:
-        return False
 
 
 # --- optimizer runs ---
 
 
 @admin.register(OptimizerRun)
-class OptimizerRunAdmin(AuditedAdmin):
+class OptimizerRunAdmin(RecordAdmin):
     """Runs are started and applied from the optimizer page (or the API), which re-check the
     fleet; here they are read, and old ones deleted."""
 
@@ -96,20 +103,13 @@ class OptimizerRunAdmin(AuditedAdmin):
     list_filter = ("status",)
     list_select_related = ("created_by", "applied_by")
     ordering = ("-created_at", "-id")
-    readonly_fields = [f.name for f in OptimizerRun._meta.fields]
-
-    def has_add_permission(self, request) -> bool:
-        return False
-
-    def has_change_permission(self, request, obj=None) -> bool:
-        return False
 
 
 # --- artists' feedback ---
 
 
 @admin.register(Feedback)
-class FeedbackAdmin(AuditedAdmin):
+class FeedbackAdmin(RecordAdmin):
     """Artists rate their own workstation from their page (or the API); here admins read the
     ratings and may delete one, e.g. a note that should not stay. Nobody rates for an artist."""
 
@@ -118,10 +118,3 @@ class FeedbackAdmin(AuditedAdmin):
     list_select_related = ("vm", "artist", "host")
     search_fields = ("vm__name", "artist__name")
     ordering = ("-session_date", "vm__name")
-    readonly_fields = [f.name for f in Feedback._meta.fields]
-
-    def has_add_permission(self, request) -> bool:
-        return False
-
-    def has_change_permission(self, request, obj=None) -> bool:
-        return False
