@@ -36,7 +36,7 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, replace
 
 from fleet import placement
-from fleet.placement import GpuState, PlacedVgpu, ProfileSpec, VmState, VmVgpu
+from fleet.placement import GpuState, HostState, PlacedVgpu, ProfileSpec, VmState, VmVgpu
 from fleet.snapshot import FleetSnapshot
 
 SAME_GPU = "same_gpu"
@@ -314,10 +314,14 @@ def resized(snapshot: FleetSnapshot, vm_id: int, vcpus: int, ram_gib: int) -> Fl
         return snapshot
     hosts = dict(snapshot.hosts)
     if vm.host_id in hosts:
-        host = hosts[vm.host_id]
-        hosts[vm.host_id] = replace(host, allocated_vcpus=host.allocated_vcpus - vm.vcpus + vcpus,
-                                    allocated_ram_gib=host.allocated_ram_gib - vm.ram_gib + ram_gib)
+        hosts[vm.host_id] = _claiming(hosts[vm.host_id], vm, vcpus, ram_gib)
     return replace(snapshot, hosts=hosts, vms={**snapshot.vms, vm_id: replace(vm, vcpus=vcpus, ram_gib=ram_gib)})
+
+
+def _claiming(host: HostState, vm: VmState, vcpus: int, ram_gib: int) -> HostState:
+    """`host` with VM `vm` (one of its VMs) claiming `vcpus` and `ram_gib` instead of its size now."""
+    return replace(host, allocated_vcpus=host.allocated_vcpus - vm.vcpus + vcpus,
+                   allocated_ram_gib=host.allocated_ram_gib - vm.ram_gib + ram_gib)
 
 
 def size_refusals(snapshot: FleetSnapshot, vm_id: int, host_id: int, vcpus: int,
@@ -327,8 +331,7 @@ def size_refusals(snapshot: FleetSnapshot, vm_id: int, host_id: int, vcpus: int,
     left out (the snapshot counts every VM recorded on a host)."""
     vm, host = snapshot.vms[vm_id], snapshot.hosts[host_id]
     if vm.host_id == host_id:
-        host = replace(host, allocated_vcpus=host.allocated_vcpus - vm.vcpus,
-                       allocated_ram_gib=host.allocated_ram_gib - vm.ram_gib)
+        host = _claiming(host, vm, 0, 0)
     return placement.check_vm_fits_host(vm.name, vcpus, ram_gib, host)
 
 

@@ -258,9 +258,9 @@ def set_size(vm_id: int, vcpus: int, ram_gib: int) -> None:
     approval checked them against the host (`plan`), and a rollback puts back what the hypervisor
     holds again. Call it with the VM's row locked."""
     vm = VirtualMachine.objects.get(pk=vm_id)
-    before = audit.snapshot(vm)
     if (vm.vcpus, vm.ram_gib) == (vcpus, ram_gib):
         return
+    before = audit.snapshot(vm)
     vm.vcpus, vm.ram_gib = vcpus, ram_gib
     vm.save(update_fields=["vcpus", "ram_gib"])
     audit.record("vm.update", vm, before=before, after=audit.snapshot(vm), object_type="vm")

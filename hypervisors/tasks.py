@@ -76,8 +76,9 @@ def sync_hypervisors() -> dict:
     return done
 
 
-#: Linked hosts a `read_guest_stats_hosts` task reads, one after the other.
-GUEST_HOSTS_PER_TASK = 20
+#: Linked hosts a `read_guest_stats_hosts` task reads, one after the other: as many as are stored
+#: in one transaction, so a task's readings are stored once.
+GUEST_HOSTS_PER_TASK = guest_stats.HOSTS_PER_STORE
 
 
 @shared_task(name="hypervisors.tasks.read_guest_stats", ignore_result=True, soft_time_limit=20, time_limit=30)
