@@ -163,8 +163,7 @@ class TrendRow:
     @property
     def top_tags(self) -> list[tuple[str, float]]:
         """The three most picked tags as (label, share), `fine` included."""
-        return [(feedback_rules.TAG_LABELS.get(tag, tag), share)
-                for tag, share in list(self.summary["tags"].items())[:3]]
+        return feedback_rules.top_tags(self.summary)
 
     def as_dict(self) -> dict:
         return {"key": self.key, "label": self.label, **self.summary,

@@ -79,6 +79,11 @@ def feedback_summary(ratings: Iterable[tuple[date, int, Sequence[str]]]) -> dict
     }
 
 
+def top_tags(summary: dict, count: int = 3) -> list[tuple[str, float]]:
+    """The `count` most picked tags of a `feedback_summary`, as (label, share), most picked first."""
+    return [(TAG_LABELS.get(tag, tag), share) for tag, share in list(summary["tags"].items())[:count]]
+
+
 def week_start(day: date) -> date:
     """The Monday of `day`'s week: trends are per ISO week."""
     return day - timedelta(days=day.weekday())

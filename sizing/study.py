@@ -188,7 +188,7 @@ def _workflow_label(workflow: str | None) -> str:
 
 def _feedback(rows) -> tuple[int, float | None, list[str]]:
     summary = feedback_rules.feedback_summary(rows)
-    tags = [feedback_rules.TAG_LABELS.get(tag, tag) for tag in list(summary["tags"])[:TOP_TAGS]]
+    tags = [label for label, _ in feedback_rules.top_tags(summary, TOP_TAGS)]
     return summary["count"], summary["mean"], tags
 
 
